@@ -1,0 +1,289 @@
+//! The records that cross the [`Store`](crate::Store) seam.
+
+use std::time::Duration;
+
+use hookd_domain::delivery::{DeliveryState, ErrorClass};
+use hookd_domain::destination::DestinationUrl;
+use hookd_domain::event_type::{EventType, EventTypePattern};
+use hookd_domain::subscription::{RetryPolicy, SigningKeys, SubscriptionState};
+use hookd_domain::{CustomerId, DeliveryId, EventId, SubscriptionId, Timestamp};
+
+pub use hookd_domain::subscription::Subscription;
+
+/// The most bytes of a response body kept in an attempt record.
+pub const MAX_SNIPPET_BYTES: usize = 1024;
+
+/// A subscription to create.
+#[derive(Debug, Clone)]
+pub struct NewSubscription {
+    /// Its id (chosen by the caller).
+    pub id: SubscriptionId,
+    /// Its customer, if any.
+    pub customer_id: Option<CustomerId>,
+    /// Where deliveries go.
+    pub url: DestinationUrl,
+    /// What it listens to (at least one pattern).
+    pub event_types: Vec<EventTypePattern>,
+    /// Its signing secret(s).
+    pub keys: SigningKeys,
+    /// Deliver one at a time, in order.
+    pub ordered: bool,
+    /// Its retry settings.
+    pub retry_policy: RetryPolicy,
+    /// A free-form description.
+    pub description: Option<String>,
+}
+
+/// Changes to a subscription; `None` leaves a field as it is.
+#[derive(Debug, Clone, Default)]
+pub struct SubscriptionPatch {
+    /// A new URL (the destination host follows it for new deliveries).
+    pub url: Option<DestinationUrl>,
+    /// New patterns.
+    pub event_types: Option<Vec<EventTypePattern>>,
+    /// New signing keys.
+    pub keys: Option<SigningKeys>,
+    /// Ordered or not.
+    pub ordered: Option<bool>,
+    /// A new retry policy (replaces the old one whole).
+    pub retry_policy: Option<RetryPolicy>,
+    /// Enable or disable.
+    pub state: Option<SubscriptionState>,
+    /// A new description; `Some(None)` clears it.
+    pub description: Option<Option<String>>,
+}
+
+/// Which subscriptions to list.
+#[derive(Debug, Clone, Default)]
+pub struct SubscriptionQuery {
+    /// Only this customer's.
+    pub customer_id: Option<CustomerId>,
+    /// Only those with an id after this one.
+    pub cursor: Option<SubscriptionId>,
+    /// At most this many.
+    pub limit: u32,
+}
+
+/// An event to accept.
+#[derive(Debug, Clone)]
+pub struct NewEvent {
+    /// Its id (chosen by the caller).
+    pub id: EventId,
+    /// Its type.
+    pub event_type: EventType,
+    /// The payload, as the producer sent it (valid JSON text).
+    pub payload: String,
+    /// The producer's idempotency key, unique across events.
+    pub idempotency_key: Option<String>,
+    /// The customer it concerns, if any.
+    pub customer_id: Option<CustomerId>,
+}
+
+/// A delivery to create with its event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewDelivery {
+    /// Its id (chosen by the caller).
+    pub id: DeliveryId,
+    /// The subscription it goes to.
+    pub sub_id: SubscriptionId,
+    /// The subscription's destination host, denormalised (the shard key).
+    pub destination_host: String,
+}
+
+/// The result of [`Store::accept_event`](crate::Store::accept_event).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Accepted {
+    /// The event's id: the new one, or the existing one for a repeated key.
+    pub event_id: EventId,
+    /// Whether the idempotency key was already taken (nothing was written).
+    pub duplicate: bool,
+}
+
+/// An accepted event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// Its id.
+    pub id: EventId,
+    /// Its type.
+    pub event_type: EventType,
+    /// The payload as sent.
+    pub payload: String,
+    /// The producer's idempotency key.
+    pub idempotency_key: Option<String>,
+    /// The customer it concerns.
+    pub customer_id: Option<CustomerId>,
+    /// When it was accepted (store clock).
+    pub created_at: Timestamp,
+}
+
+/// One delivery: one event to one subscription.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    /// Its id.
+    pub id: DeliveryId,
+    /// The event.
+    pub event_id: EventId,
+    /// The subscription.
+    pub sub_id: SubscriptionId,
+    /// The event's type (denormalised for filtering).
+    pub event_type: EventType,
+    /// The destination host.
+    pub destination_host: String,
+    /// Where it is in its life.
+    pub state: DeliveryState,
+    /// Attempts made so far.
+    pub attempt: u32,
+    /// When it is next due (meaningful while `pending`).
+    pub next_attempt_at: Timestamp,
+    /// The last attempt's HTTP status, if it got one.
+    pub last_status: Option<u16>,
+    /// The last attempt's error, in words.
+    pub last_error: Option<String>,
+    /// When it was created.
+    pub created_at: Timestamp,
+    /// When its retry window opened (creation, or its last replay).
+    pub window_start: Timestamp,
+    /// When it last changed.
+    pub updated_at: Timestamp,
+}
+
+/// One HTTP attempt of a delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    /// 1 for the first attempt, 2 for the second, …
+    pub number: u32,
+    /// When the request started.
+    pub started_at: Timestamp,
+    /// How long the exchange took.
+    pub duration: Duration,
+    /// The HTTP status, if a response came.
+    pub status: Option<u16>,
+    /// Why no usable response came.
+    pub error_class: Option<ErrorClass>,
+    /// At most [`MAX_SNIPPET_BYTES`] of the response body (untrusted text).
+    pub response_snippet: Option<String>,
+}
+
+/// A delivery with its attempts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryDetail {
+    /// The delivery.
+    pub delivery: Delivery,
+    /// Its attempts, oldest first.
+    pub attempts: Vec<Attempt>,
+}
+
+/// Which deliveries to list.
+#[derive(Debug, Clone, Default)]
+pub struct DeliveryQuery {
+    /// Only this subscription's.
+    pub sub_id: Option<SubscriptionId>,
+    /// Only this event's.
+    pub event_id: Option<EventId>,
+    /// Only in this state.
+    pub state: Option<DeliveryState>,
+    /// Only created at or after this time.
+    pub since: Option<Timestamp>,
+    /// Only created before this time.
+    pub until: Option<Timestamp>,
+    /// Only of this event type.
+    pub event_type: Option<EventType>,
+    /// Only with an id before this one (pages go newest to oldest).
+    pub cursor: Option<DeliveryId>,
+    /// At most this many.
+    pub limit: u32,
+}
+
+/// A request to claim due deliveries of one destination.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest {
+    /// Who claims (recorded as `worker_id`).
+    pub worker_id: String,
+    /// The destination host.
+    pub destination: String,
+    /// At most this many.
+    pub limit: u32,
+    /// How long the lease lasts.
+    pub lease: Duration,
+}
+
+/// Proof of a claim: the delivery and the lease token it was claimed with.
+/// Completion and renewal are conditional on it (fencing inside our store).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Lease {
+    /// The delivery.
+    pub delivery_id: DeliveryId,
+    /// The token written by the claim; a later claim writes a new one.
+    pub token: i64,
+}
+
+/// Everything a worker needs to make an attempt.
+#[derive(Debug, Clone)]
+pub struct ClaimedDelivery {
+    /// The lease held.
+    pub lease: Lease,
+    /// The delivery as claimed (state `inflight`).
+    pub delivery: Delivery,
+    /// Its event.
+    pub event: Event,
+    /// Its subscription, as it is now.
+    pub subscription: Subscription,
+}
+
+/// What an attempt ends in, for the delivery row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NextState {
+    /// A 2xx arrived: `delivered`.
+    Delivered,
+    /// Retry: back to `pending`, due after `delay` (store clock).
+    Retry {
+        /// How long from now.
+        delay: Duration,
+    },
+    /// Permanent failure: `failed`.
+    Failed,
+    /// Retries exhausted: `dead` (kept and replayable).
+    Dead,
+}
+
+/// An attempt to record, with the delivery's next state.
+#[derive(Debug, Clone)]
+pub struct AttemptRecord {
+    /// The lease the attempt was made under.
+    pub lease: Lease,
+    /// What happened.
+    pub attempt: Attempt,
+    /// The delivery's next state.
+    pub next: NextState,
+    /// `last_error` to store (`None` clears it).
+    pub last_error: Option<String>,
+}
+
+/// Whether a recorded attempt moved its delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordOutcome {
+    /// The delivery moved to its next state.
+    Recorded,
+    /// The lease was no longer current; only the attempt row was written.
+    LeaseLost,
+}
+
+/// An API token to store.
+#[derive(Debug, Clone)]
+pub struct NewToken {
+    /// SHA-256 of the token text. The token itself is never stored.
+    pub token_hash: Vec<u8>,
+    /// The customer it is scoped to; `None` for an admin token.
+    pub customer_id: Option<CustomerId>,
+    /// A label for people.
+    pub label: Option<String>,
+}
+
+/// What a token may see.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenScope {
+    /// Everything.
+    Admin,
+    /// One customer's subscriptions, deliveries and jobs.
+    Customer(CustomerId),
+}
