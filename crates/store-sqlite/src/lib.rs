@@ -1,1 +1,353 @@
-//! placeholder
+//! hookd's embedded default store: the [`Store`] trait on SQLite.
+//!
+//! One file, no server: what a single hookd node needs to run on its own.
+//! It implements the logical schema of `docs/schema-notes.md` with SQLite's
+//! types (ids as 16-byte BLOBs, times as INTEGER unix milliseconds, bools as
+//! INTEGER), and passes the shared conformance suite in `hookd-store`.
+//!
+//! # Main types
+//! - [`SqliteStore`]: the store, built by [`SqliteStore::connect`] or
+//!   [`SqliteStore::connect_url`]; schema changes happen only in
+//!   [`Store::migrate`], from the migrations embedded from `migrations/`.
+//!
+//! # How it meets the contract
+//! SQLite allows one writer at a time. Rather than let many connections
+//! race for that lock and fail with `SQLITE_BUSY`, every write goes through
+//! a pool of exactly one connection and runs as `BEGIN IMMEDIATE`, which
+//! takes the write lock up front: writes in this process queue on the pool,
+//! writes from other processes wait on the busy timeout. That makes claims
+//! exclusive (the contract's "a write transaction") and makes
+//! check-then-insert sequences, like idempotency-key dedup, race-free.
+//! Reads use a separate pool of read-only connections; in WAL mode they
+//! never block the writer nor wait for it.
+//!
+//! # Layout
+//! - `subscriptions`, `ingest`, `dispatch`, `reading`, `tokens`: the trait's
+//!   operations, grouped as the trait groups them.
+//! - `codec`: between SQLite values and domain types.
+//! - `error`: sqlx failures as [`StoreError`].
+//!
+//! # What this crate must not do
+//! Let a sqlx type out (callers see domain types and [`StoreError`] only),
+//! make delivery decisions (the caller says what state comes next), or read
+//! any clock but the system clock at statement time.
+#![warn(missing_docs)]
+
+mod codec;
+mod dispatch;
+mod error;
+mod ingest;
+mod reading;
+mod subscriptions;
+mod tokens;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use hookd_domain::{DeliveryId, EventId, SubscriptionId};
+use hookd_store::{
+    Accepted, AttemptRecord, ClaimRequest, ClaimedDelivery, DeliveryDetail, DeliveryQuery, Event,
+    Lease, NewDelivery, NewEvent, NewSubscription, NewToken, RecordOutcome, Result, Store,
+    StoreError, Subscription, SubscriptionPatch, SubscriptionQuery, TokenScope,
+};
+use sqlx::migrate::{AppliedMigration, Migrate, MigrateError, Migrator};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use sqlx::{Sqlite, SqliteConnection, Transaction};
+
+use crate::error::from_sqlx;
+
+/// The schema, compiled into the binary so a deployment is one file.
+static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+
+/// How long a write waits for another process's write lock before giving up
+/// with [`StoreError::Unavailable`]. Writes are short, so waiting this long
+/// means something is wrong, not merely busy.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Read connections. Reads in WAL mode run in parallel with each other and
+/// with the writer; a few cover the API's listings and the dispatcher's
+/// lookups on a small machine.
+const READ_CONNECTIONS: u32 = 4;
+
+/// The SQLite store.
+///
+/// Cheap to share behind an `Arc`; both pools are internally synchronized.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    /// Exactly one connection: every write transaction queues here, so writes
+    /// from this process never contend for SQLite's single write lock.
+    writer: SqlitePool,
+    /// Read-only connections, so a read can never take the write lock by
+    /// accident and stall the writer.
+    reader: SqlitePool,
+}
+
+/// A `--database` URL this store cannot serve.
+#[derive(Debug, thiserror::Error)]
+#[error("`{url}` is not a SQLite database URL: {reason}")]
+struct InvalidUrl {
+    url: String,
+    reason: &'static str,
+}
+
+impl SqliteStore {
+    /// Opens (creating if missing) the database file at `path`.
+    ///
+    /// Does not change the schema: call [`Store::migrate`] for that, so that
+    /// a node never migrates by surprise.
+    pub async fn connect(path: &Path) -> Result<Self> {
+        Self::connect_with(SqliteConnectOptions::new().filename(path)).await
+    }
+
+    /// Opens (creating if missing) the database named by a `sqlite:path` or
+    /// `sqlite://path` URL, as passed to `--database`.
+    ///
+    /// In-memory databases are refused: the two pools would not share one,
+    /// and a webhook outbox that forgets on restart breaks the durability
+    /// promise of [`Store::accept_event`].
+    pub async fn connect_url(url: &str) -> Result<Self> {
+        let invalid = |reason| {
+            StoreError::Backend(Box::new(InvalidUrl {
+                url: url.to_owned(),
+                reason,
+            }))
+        };
+        if !url.starts_with("sqlite:") {
+            return Err(invalid("expected a `sqlite:` scheme"));
+        }
+        if url.contains(":memory:") || url.contains("mode=memory") {
+            return Err(invalid("in-memory databases are not durable"));
+        }
+        Self::connect_with(SqliteConnectOptions::from_str(url).map_err(from_sqlx)?).await
+    }
+
+    async fn connect_with(options: SqliteConnectOptions) -> Result<Self> {
+        let options = options
+            .foreign_keys(true)
+            .busy_timeout(BUSY_TIMEOUT)
+            // With WAL, NORMAL syncs at checkpoints rather than on every
+            // commit: a power loss may drop the last commits but never
+            // corrupts the file. The durability trade the design accepts for
+            // an embedded store.
+            .synchronous(SqliteSynchronous::Normal);
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            // Keep the one connection open: closing the last connection
+            // checkpoints and removes the WAL, which readers would then
+            // have to recreate.
+            .min_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            // The writer opens first and sets WAL, which is persistent in the
+            // file, so read-only connections find the database in WAL mode.
+            .connect_with(
+                options
+                    .clone()
+                    .create_if_missing(true)
+                    .journal_mode(SqliteJournalMode::Wal),
+            )
+            .await
+            .map_err(from_sqlx)?;
+        let reader = SqlitePoolOptions::new()
+            .max_connections(READ_CONNECTIONS)
+            .connect_with(options.read_only(true))
+            .await
+            .map_err(from_sqlx)?;
+        Ok(Self { writer, reader })
+    }
+
+    /// Closes both pools, waiting for connections in use to come back. The
+    /// last connection to close checkpoints the WAL into the main file.
+    pub async fn close(&self) {
+        self.reader.close().await;
+        self.writer.close().await;
+    }
+
+    /// Begins a write transaction on the one writer connection.
+    ///
+    /// `BEGIN IMMEDIATE` takes SQLite's write lock at once instead of at the
+    /// first write, so a transaction that reads before it writes (a claim, an
+    /// idempotency check) can never be refused the upgrade half-way through.
+    async fn write(&self) -> Result<Transaction<'static, Sqlite>> {
+        self.writer
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(from_sqlx)
+    }
+
+    /// Begins a read transaction, so a record and its children (a delivery
+    /// and its attempts) come from one snapshot.
+    async fn read(&self) -> Result<Transaction<'static, Sqlite>> {
+        self.reader.begin().await.map_err(from_sqlx)
+    }
+}
+
+/// sqlx's own table of applied migrations, so `sqlx migrate info` works on
+/// a hookd database.
+const MIGRATIONS_TABLE: &str = "_sqlx_migrations";
+
+/// Applies the embedded migrations that are not applied yet, on a connection
+/// that is already inside the caller's transaction (each migration runs in a
+/// savepoint of it).
+///
+/// This is `Migrator::run`'s loop, written out over the public [`Migrate`]
+/// trait: `Migrator::run` takes a connection only through a higher-ranked
+/// `Acquire` bound that the compiler cannot prove `Send` inside an
+/// `async_trait` method, and the pool form would take a connection of its
+/// own instead of running inside our `BEGIN IMMEDIATE`.
+async fn apply_migrations(conn: &mut SqliteConnection) -> std::result::Result<(), MigrateError> {
+    conn.ensure_migrations_table(MIGRATIONS_TABLE).await?;
+    if let Some(version) = conn.dirty_version(MIGRATIONS_TABLE).await? {
+        return Err(MigrateError::Dirty(version));
+    }
+    let applied: HashMap<i64, AppliedMigration> = conn
+        .list_applied_migrations(MIGRATIONS_TABLE)
+        .await?
+        .into_iter()
+        .map(|m| (m.version, m))
+        .collect();
+    // A database migrated by a newer hookd: refuse rather than guess.
+    if let Some(&version) = applied
+        .keys()
+        .find(|v| !MIGRATOR.iter().any(|m| m.version == **v))
+    {
+        return Err(MigrateError::VersionMissing(version));
+    }
+    for migration in MIGRATOR
+        .iter()
+        .filter(|m| !m.migration_type.is_down_migration())
+    {
+        match applied.get(&migration.version) {
+            Some(done) if done.checksum != migration.checksum => {
+                return Err(MigrateError::VersionMismatch(migration.version));
+            }
+            Some(_) => {}
+            None => {
+                conn.apply(MIGRATIONS_TABLE, migration).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn migrate_error(e: MigrateError) -> StoreError {
+    match e {
+        MigrateError::Execute(e) => from_sqlx(e),
+        MigrateError::ExecuteMigration(e, _) => from_sqlx(e),
+        other => StoreError::Backend(Box::new(other)),
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn migrate(&self) -> Result<()> {
+        // One IMMEDIATE transaction around the whole run serializes migrators
+        // across processes (sqlx's SQLite migrator takes no lock of its own);
+        // each migration then runs in a savepoint inside it, and a second
+        // migrator finds everything applied.
+        let mut tx = self.write().await?;
+        apply_migrations(&mut tx).await.map_err(migrate_error)?;
+        tx.commit().await.map_err(from_sqlx)
+    }
+
+    async fn ping(&self) -> Result<()> {
+        sqlx::query("SELECT 1")
+            .execute(&self.reader)
+            .await
+            .map_err(from_sqlx)?;
+        Ok(())
+    }
+
+    async fn create_subscription(&self, new: NewSubscription) -> Result<Subscription> {
+        subscriptions::create(self, new).await
+    }
+
+    async fn get_subscription(&self, id: &SubscriptionId) -> Result<Subscription> {
+        subscriptions::get(self, id).await
+    }
+
+    async fn list_subscriptions(&self, query: &SubscriptionQuery) -> Result<Vec<Subscription>> {
+        subscriptions::list(self, query).await
+    }
+
+    async fn all_subscriptions(&self) -> Result<Vec<Subscription>> {
+        subscriptions::all(self).await
+    }
+
+    async fn update_subscription(
+        &self,
+        id: &SubscriptionId,
+        patch: SubscriptionPatch,
+    ) -> Result<Subscription> {
+        subscriptions::update(self, id, patch).await
+    }
+
+    async fn delete_subscription(&self, id: &SubscriptionId) -> Result<()> {
+        subscriptions::delete(self, id).await
+    }
+
+    async fn subscription_generation(&self) -> Result<i64> {
+        subscriptions::generation(self).await
+    }
+
+    async fn accept_event(
+        &self,
+        event: NewEvent,
+        deliveries: Vec<NewDelivery>,
+    ) -> Result<Accepted> {
+        ingest::accept_event(self, event, deliveries).await
+    }
+
+    async fn get_event(&self, id: &EventId) -> Result<Event> {
+        ingest::get_event(self, id).await
+    }
+
+    async fn due_destinations(&self, limit: u32) -> Result<Vec<String>> {
+        dispatch::due_destinations(self, limit).await
+    }
+
+    async fn claim_due(&self, req: &ClaimRequest) -> Result<Vec<ClaimedDelivery>> {
+        dispatch::claim_due(self, req).await
+    }
+
+    async fn record_attempt(&self, record: AttemptRecord) -> Result<RecordOutcome> {
+        dispatch::record_attempt(self, record).await
+    }
+
+    async fn renew_lease(&self, lease: &Lease, lease_for: Duration) -> Result<bool> {
+        dispatch::renew_lease(self, lease, lease_for).await
+    }
+
+    async fn release(&self, leases: &[Lease]) -> Result<u64> {
+        dispatch::release(self, leases).await
+    }
+
+    async fn reclaim_expired(&self) -> Result<u64> {
+        dispatch::reclaim_expired(self).await
+    }
+
+    async fn get_delivery(&self, id: &DeliveryId) -> Result<DeliveryDetail> {
+        reading::get_delivery(self, id).await
+    }
+
+    async fn list_deliveries(&self, query: &DeliveryQuery) -> Result<Vec<DeliveryDetail>> {
+        reading::list_deliveries(self, query).await
+    }
+
+    async fn create_token(&self, token: NewToken) -> Result<()> {
+        tokens::create(self, token).await
+    }
+
+    async fn find_token(&self, token_hash: &[u8]) -> Result<Option<TokenScope>> {
+        tokens::find(self, token_hash).await
+    }
+
+    async fn has_admin_token(&self) -> Result<bool> {
+        tokens::has_admin(self).await
+    }
+}

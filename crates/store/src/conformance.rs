@@ -30,7 +30,9 @@ pub struct TestStore {
 
 impl std::fmt::Debug for TestStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TestStore").field("store", &self.store).finish()
+        f.debug_struct("TestStore")
+            .field("store", &self.store)
+            .finish()
     }
 }
 
@@ -78,8 +80,11 @@ macro_rules! conformance_tests {
 // --- fixtures ------------------------------------------------------------
 
 fn url(host: &str) -> DestinationUrl {
-    DestinationUrl::parse(&format!("http://{host}:9/hook"), hookd_domain::destination::DestinationPolicy::AllowPrivate)
-        .unwrap()
+    DestinationUrl::parse(
+        &format!("http://{host}:9/hook"),
+        hookd_domain::destination::DestinationPolicy::AllowPrivate,
+    )
+    .unwrap()
 }
 
 fn new_sub(host: &str, customer: Option<&str>) -> NewSubscription {
@@ -88,7 +93,10 @@ fn new_sub(host: &str, customer: Option<&str>) -> NewSubscription {
         customer_id: customer.map(|c| CustomerId::parse(c).unwrap()),
         url: url(host),
         event_types: vec![EventTypePattern::parse("*").unwrap()],
-        keys: SigningKeys { current: SigningSecret::generate(), previous: None },
+        keys: SigningKeys {
+            current: SigningSecret::generate(),
+            previous: None,
+        },
         ordered: false,
         retry_policy: RetryPolicy::default(),
         description: None,
@@ -106,19 +114,31 @@ fn new_event(ty: &str, key: Option<&str>) -> NewEvent {
 }
 
 fn delivery_to(sub: &Subscription) -> NewDelivery {
-    NewDelivery { id: DeliveryId::new(), sub_id: sub.id, destination_host: sub.url.host().to_owned() }
+    NewDelivery {
+        id: DeliveryId::new(),
+        sub_id: sub.id,
+        destination_host: sub.url.host().to_owned(),
+    }
 }
 
 /// Accepts one event fanned out to `subs`; returns its id and delivery ids.
 async fn ingest(store: &Arc<dyn Store>, subs: &[&Subscription]) -> (EventId, Vec<DeliveryId>) {
     let deliveries: Vec<NewDelivery> = subs.iter().map(|s| delivery_to(s)).collect();
     let ids = deliveries.iter().map(|d| d.id).collect();
-    let acc = store.accept_event(new_event("order.created", None), deliveries).await.unwrap();
+    let acc = store
+        .accept_event(new_event("order.created", None), deliveries)
+        .await
+        .unwrap();
     (acc.event_id, ids)
 }
 
 fn claim_req(host: &str, limit: u32, lease: Duration) -> ClaimRequest {
-    ClaimRequest { worker_id: "w1".into(), destination: host.into(), limit, lease }
+    ClaimRequest {
+        worker_id: "w1".into(),
+        destination: host.into(),
+        limit,
+        lease,
+    }
 }
 
 const LONG: Duration = Duration::from_secs(300);
@@ -129,7 +149,11 @@ fn attempt(number: u32, status: Option<u16>) -> Attempt {
         started_at: chrono::Utc::now(),
         duration: Duration::from_millis(12),
         status,
-        error_class: if status.is_none() { Some(ErrorClass::Timeout) } else { None },
+        error_class: if status.is_none() {
+            Some(ErrorClass::Timeout)
+        } else {
+            None
+        },
         response_snippet: status.map(|s| format!("status {s}")),
     }
 }
@@ -142,7 +166,10 @@ where
 {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while !f().await {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for: {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
@@ -152,9 +179,16 @@ where
 pub async fn subscriptions_round_trip(store: Arc<dyn Store>) {
     let mut n = new_sub("a.example", Some("acme"));
     n.ordered = true;
-    n.retry_policy = RetryPolicy { max_attempts: Some(3), retryable_statuses: vec![403], ..Default::default() };
+    n.retry_policy = RetryPolicy {
+        max_attempts: Some(3),
+        retryable_statuses: vec![403],
+        ..Default::default()
+    };
     n.description = Some("orders".into());
-    n.event_types = vec![EventTypePattern::parse("invoice.*").unwrap(), EventTypePattern::parse("user.created").unwrap()];
+    n.event_types = vec![
+        EventTypePattern::parse("invoice.*").unwrap(),
+        EventTypePattern::parse("user.created").unwrap(),
+    ];
     let created = store.create_subscription(n.clone()).await.unwrap();
     assert_eq!(created.id, n.id);
     assert_eq!(created.url, n.url);
@@ -174,7 +208,10 @@ pub async fn subscriptions_round_trip(store: Arc<dyn Store>) {
 
     let new_keys = SigningKeys {
         current: SigningSecret::generate(),
-        previous: Some((n.keys.current.clone(), chrono::Utc::now() + chrono::Duration::hours(24))),
+        previous: Some((
+            n.keys.current.clone(),
+            chrono::Utc::now() + chrono::Duration::hours(24),
+        )),
     };
     let patched = store
         .update_subscription(
@@ -198,44 +235,127 @@ pub async fn subscriptions_round_trip(store: Arc<dyn Store>) {
     assert_eq!(patched.keys.current, new_keys.current);
     let (prev, until) = patched.keys.previous.clone().unwrap();
     assert_eq!(prev, n.keys.current);
-    assert!((until - new_keys.previous.unwrap().1).num_milliseconds().abs() < 1000);
+    assert!(
+        (until - new_keys.previous.unwrap().1)
+            .num_milliseconds()
+            .abs()
+            < 1000
+    );
     assert!(patched.updated_at >= created.updated_at);
     assert_eq!(store.get_subscription(&n.id).await.unwrap(), patched);
 }
 
-pub async fn deleted_subscriptions_are_not_found_and_fail_their_pending_deliveries(store: Arc<dyn Store>) {
-    let sub = store.create_subscription(new_sub("del.example", None)).await.unwrap();
+pub async fn deleted_subscriptions_are_not_found_and_fail_their_pending_deliveries(
+    store: Arc<dyn Store>,
+) {
+    let sub = store
+        .create_subscription(new_sub("del.example", None))
+        .await
+        .unwrap();
     let (_, ids) = ingest(&store, &[&sub]).await;
+    let (_, in_flight) = ingest(&store, &[&sub]).await;
+    let claimed = store
+        .claim_due(&claim_req("del.example", 1, LONG))
+        .await
+        .unwrap()
+        .remove(0);
+    // The oldest was claimed; the other stays pending.
+    assert_eq!(claimed.delivery.id, ids[0]);
+    let (ids, in_flight) = (in_flight, ids);
     store.delete_subscription(&sub.id).await.unwrap();
-    assert!(matches!(store.get_subscription(&sub.id).await, Err(StoreError::NotFound)));
-    assert!(matches!(store.delete_subscription(&sub.id).await, Err(StoreError::NotFound)));
+    // The in-flight worker's late result cannot revive the delivery.
+    let late = AttemptRecord {
+        lease: claimed.lease,
+        attempt: attempt(1, Some(500)),
+        next: NextState::Retry {
+            delay: Duration::ZERO,
+        },
+        last_error: None,
+    };
+    assert_eq!(
+        store.record_attempt(late).await.unwrap(),
+        RecordOutcome::LeaseLost
+    );
+    assert_eq!(store.release(&[claimed.lease]).await.unwrap(), 0);
+    assert_eq!(store.reclaim_expired().await.unwrap(), 0);
+    let d = store.get_delivery(&in_flight[0]).await.unwrap();
+    assert_eq!(d.delivery.state, DeliveryState::Failed);
+    assert_eq!(
+        d.delivery.last_error.as_deref(),
+        Some("subscription deleted")
+    );
     assert!(matches!(
-        store.update_subscription(&sub.id, SubscriptionPatch::default()).await,
+        store.get_subscription(&sub.id).await,
         Err(StoreError::NotFound)
     ));
-    assert!(store.all_subscriptions().await.unwrap().iter().all(|s| s.id != sub.id));
+    assert!(matches!(
+        store.delete_subscription(&sub.id).await,
+        Err(StoreError::NotFound)
+    ));
+    assert!(matches!(
+        store
+            .update_subscription(&sub.id, SubscriptionPatch::default())
+            .await,
+        Err(StoreError::NotFound)
+    ));
+    assert!(
+        store
+            .all_subscriptions()
+            .await
+            .unwrap()
+            .iter()
+            .all(|s| s.id != sub.id)
+    );
     let d = store.get_delivery(&ids[0]).await.unwrap();
     assert_eq!(d.delivery.state, DeliveryState::Failed);
-    assert_eq!(d.delivery.last_error.as_deref(), Some("subscription deleted"));
-    assert!(store.claim_due(&claim_req("del.example", 10, LONG)).await.unwrap().is_empty());
+    assert_eq!(
+        d.delivery.last_error.as_deref(),
+        Some("subscription deleted")
+    );
+    assert!(
+        store
+            .claim_due(&claim_req("del.example", 10, LONG))
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 pub async fn subscriptions_page_by_cursor_and_filter_by_customer(store: Arc<dyn Store>) {
     let mut acme = Vec::new();
     for i in 0..5 {
         let customer = if i % 2 == 0 { "acme" } else { "globex" };
-        let s = store.create_subscription(new_sub("p.example", Some(customer))).await.unwrap();
+        let s = store
+            .create_subscription(new_sub("p.example", Some(customer)))
+            .await
+            .unwrap();
         if customer == "acme" {
             acme.push(s.id);
         }
     }
-    let all = store.list_subscriptions(&SubscriptionQuery { limit: 100, ..Default::default() }).await.unwrap();
+    let all = store
+        .list_subscriptions(&SubscriptionQuery {
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
     assert_eq!(all.len(), 5);
     assert!(all.windows(2).all(|w| w[0].id < w[1].id), "oldest first");
 
-    let page1 = store.list_subscriptions(&SubscriptionQuery { limit: 2, ..Default::default() }).await.unwrap();
+    let page1 = store
+        .list_subscriptions(&SubscriptionQuery {
+            limit: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
     let page2 = store
-        .list_subscriptions(&SubscriptionQuery { limit: 2, cursor: Some(page1[1].id), ..Default::default() })
+        .list_subscriptions(&SubscriptionQuery {
+            limit: 2,
+            cursor: Some(page1[1].id),
+            ..Default::default()
+        })
         .await
         .unwrap();
     assert_eq!(page1.len(), 2);
@@ -255,29 +375,60 @@ pub async fn subscriptions_page_by_cursor_and_filter_by_customer(store: Arc<dyn 
 
 pub async fn subscription_generation_changes_on_every_write(store: Arc<dyn Store>) {
     let g0 = store.subscription_generation().await.unwrap();
-    let s = store.create_subscription(new_sub("g.example", None)).await.unwrap();
+    let s = store
+        .create_subscription(new_sub("g.example", None))
+        .await
+        .unwrap();
     let g1 = store.subscription_generation().await.unwrap();
     assert_ne!(g0, g1);
-    store.update_subscription(&s.id, SubscriptionPatch { ordered: Some(true), ..Default::default() }).await.unwrap();
+    store
+        .update_subscription(
+            &s.id,
+            SubscriptionPatch {
+                ordered: Some(true),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
     let g2 = store.subscription_generation().await.unwrap();
     assert_ne!(g1, g2);
     store.delete_subscription(&s.id).await.unwrap();
     let g3 = store.subscription_generation().await.unwrap();
     assert_ne!(g2, g3);
-    assert_eq!(g3, store.subscription_generation().await.unwrap(), "reads do not change it");
+    assert_eq!(
+        g3,
+        store.subscription_generation().await.unwrap(),
+        "reads do not change it"
+    );
 }
 
 // --- ingest ------------------------------------------------------------------
 
 pub async fn accept_event_writes_the_event_and_its_deliveries(store: Arc<dyn Store>) {
-    let a = store.create_subscription(new_sub("a.example", None)).await.unwrap();
-    let b = store.create_subscription(new_sub("b.example", None)).await.unwrap();
+    let a = store
+        .create_subscription(new_sub("a.example", None))
+        .await
+        .unwrap();
+    let b = store
+        .create_subscription(new_sub("b.example", None))
+        .await
+        .unwrap();
     let mut ev = new_event("invoice.paid", Some("key-1"));
     ev.customer_id = Some(CustomerId::parse("acme").unwrap());
     ev.payload = r#"{"amount": 12.5, "nested": {"a": [1, 2]}}"#.to_owned();
     let (da, db) = (delivery_to(&a), delivery_to(&b));
-    let acc = store.accept_event(ev.clone(), vec![da.clone(), db.clone()]).await.unwrap();
-    assert_eq!(acc, Accepted { event_id: ev.id, duplicate: false });
+    let acc = store
+        .accept_event(ev.clone(), vec![da.clone(), db.clone()])
+        .await
+        .unwrap();
+    assert_eq!(
+        acc,
+        Accepted {
+            event_id: ev.id,
+            duplicate: false
+        }
+    );
 
     let got = store.get_event(&ev.id).await.unwrap();
     assert_eq!(got.event_type, ev.event_type);
@@ -286,7 +437,11 @@ pub async fn accept_event_writes_the_event_and_its_deliveries(store: Arc<dyn Sto
     assert_eq!(got.customer_id, ev.customer_id);
 
     let listed = store
-        .list_deliveries(&DeliveryQuery { event_id: Some(ev.id), limit: 10, ..Default::default() })
+        .list_deliveries(&DeliveryQuery {
+            event_id: Some(ev.id),
+            limit: 10,
+            ..Default::default()
+        })
         .await
         .unwrap();
     assert_eq!(listed.len(), 2);
@@ -297,79 +452,191 @@ pub async fn accept_event_writes_the_event_and_its_deliveries(store: Arc<dyn Sto
         assert!(d.attempts.is_empty());
         assert!(d.delivery.next_attempt_at <= chrono::Utc::now() + chrono::Duration::seconds(1));
     }
-    let hosts: HashSet<_> = listed.iter().map(|d| d.delivery.destination_host.clone()).collect();
-    assert_eq!(hosts, HashSet::from(["a.example".to_owned(), "b.example".to_owned()]));
+    let hosts: HashSet<_> = listed
+        .iter()
+        .map(|d| d.delivery.destination_host.clone())
+        .collect();
+    assert_eq!(
+        hosts,
+        HashSet::from(["a.example".to_owned(), "b.example".to_owned()])
+    );
 
     // An event nobody subscribes to is still accepted.
-    let lonely = store.accept_event(new_event("nobody.cares", None), vec![]).await.unwrap();
+    let lonely = store
+        .accept_event(new_event("nobody.cares", None), vec![])
+        .await
+        .unwrap();
     assert!(!lonely.duplicate);
     assert!(store.get_event(&lonely.event_id).await.is_ok());
 }
 
 pub async fn accept_event_is_all_or_nothing(store: Arc<dyn Store>) {
-    let a = store.create_subscription(new_sub("a.example", None)).await.unwrap();
+    let a = store
+        .create_subscription(new_sub("a.example", None))
+        .await
+        .unwrap();
     let ev = new_event("order.created", Some("atomic-1"));
     // The second delivery names a subscription that does not exist: the
     // insert fails after the event row and the first delivery were written.
-    let ghost = NewDelivery { id: DeliveryId::new(), sub_id: SubscriptionId::new(), destination_host: "x".into() };
+    let ghost = NewDelivery {
+        id: DeliveryId::new(),
+        sub_id: SubscriptionId::new(),
+        destination_host: "x".into(),
+    };
     let first = delivery_to(&a);
-    let res = store.accept_event(ev.clone(), vec![first.clone(), ghost]).await;
+    let res = store
+        .accept_event(ev.clone(), vec![first.clone(), ghost])
+        .await;
     assert!(res.is_err(), "a failed delivery insert fails the ingest");
-    assert!(matches!(store.get_event(&ev.id).await, Err(StoreError::NotFound)), "no event row");
-    assert!(matches!(store.get_delivery(&first.id).await, Err(StoreError::NotFound)), "no delivery row");
+    assert!(
+        matches!(store.get_event(&ev.id).await, Err(StoreError::NotFound)),
+        "no event row"
+    );
+    assert!(
+        matches!(
+            store.get_delivery(&first.id).await,
+            Err(StoreError::NotFound)
+        ),
+        "no delivery row"
+    );
     // The key was not consumed: the producer's retry succeeds.
-    let again = store.accept_event(ev.clone(), vec![delivery_to(&a)]).await.unwrap();
-    assert_eq!(again, Accepted { event_id: ev.id, duplicate: false });
+    let again = store
+        .accept_event(ev.clone(), vec![delivery_to(&a)])
+        .await
+        .unwrap();
+    assert_eq!(
+        again,
+        Accepted {
+            event_id: ev.id,
+            duplicate: false
+        }
+    );
 }
 
-pub async fn a_repeated_idempotency_key_returns_the_same_event_and_writes_nothing(store: Arc<dyn Store>) {
-    let a = store.create_subscription(new_sub("a.example", None)).await.unwrap();
-    let first = store.accept_event(new_event("x.y", Some("dup")), vec![delivery_to(&a)]).await.unwrap();
+pub async fn a_repeated_idempotency_key_returns_the_same_event_and_writes_nothing(
+    store: Arc<dyn Store>,
+) {
+    let a = store
+        .create_subscription(new_sub("a.example", None))
+        .await
+        .unwrap();
+    let first = store
+        .accept_event(new_event("x.y", Some("dup")), vec![delivery_to(&a)])
+        .await
+        .unwrap();
     let retry = new_event("x.y", Some("dup"));
     let retry_delivery = delivery_to(&a);
-    let second = store.accept_event(retry.clone(), vec![retry_delivery.clone()]).await.unwrap();
-    assert_eq!(second, Accepted { event_id: first.event_id, duplicate: true });
-    assert!(matches!(store.get_event(&retry.id).await, Err(StoreError::NotFound)));
-    assert!(matches!(store.get_delivery(&retry_delivery.id).await, Err(StoreError::NotFound)));
-    let all = store.list_deliveries(&DeliveryQuery { sub_id: Some(a.id), limit: 10, ..Default::default() }).await.unwrap();
+    let second = store
+        .accept_event(retry.clone(), vec![retry_delivery.clone()])
+        .await
+        .unwrap();
+    assert_eq!(
+        second,
+        Accepted {
+            event_id: first.event_id,
+            duplicate: true
+        }
+    );
+    assert!(matches!(
+        store.get_event(&retry.id).await,
+        Err(StoreError::NotFound)
+    ));
+    assert!(matches!(
+        store.get_delivery(&retry_delivery.id).await,
+        Err(StoreError::NotFound)
+    ));
+    let all = store
+        .list_deliveries(&DeliveryQuery {
+            sub_id: Some(a.id),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
     assert_eq!(all.len(), 1);
     // Events without a key are never deduplicated.
-    let x = store.accept_event(new_event("x.y", None), vec![]).await.unwrap();
-    let y = store.accept_event(new_event("x.y", None), vec![]).await.unwrap();
+    let x = store
+        .accept_event(new_event("x.y", None), vec![])
+        .await
+        .unwrap();
+    let y = store
+        .accept_event(new_event("x.y", None), vec![])
+        .await
+        .unwrap();
     assert_ne!(x.event_id, y.event_id);
 }
 
 pub async fn concurrent_duplicate_ingests_create_exactly_one_event(store: Arc<dyn Store>) {
-    let a = store.create_subscription(new_sub("a.example", None)).await.unwrap();
+    let a = store
+        .create_subscription(new_sub("a.example", None))
+        .await
+        .unwrap();
     let tasks: Vec<_> = (0..24)
         .map(|_| {
             let store = store.clone();
             let d = delivery_to(&a);
-            tokio::spawn(async move { store.accept_event(new_event("x.y", Some("race")), vec![d]).await.unwrap() })
+            tokio::spawn(async move {
+                store
+                    .accept_event(new_event("x.y", Some("race")), vec![d])
+                    .await
+                    .unwrap()
+            })
         })
         .collect();
-    let results: Vec<Accepted> = futures::future::join_all(tasks).await.into_iter().map(|r| r.unwrap()).collect();
+    let results: Vec<Accepted> = futures::future::join_all(tasks)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
     let ids: HashSet<_> = results.iter().map(|r| r.event_id).collect();
     assert_eq!(ids.len(), 1, "every caller gets the same event id");
-    assert_eq!(results.iter().filter(|r| !r.duplicate).count(), 1, "exactly one created it");
-    let all = store.list_deliveries(&DeliveryQuery { sub_id: Some(a.id), limit: 100, ..Default::default() }).await.unwrap();
+    assert_eq!(
+        results.iter().filter(|r| !r.duplicate).count(),
+        1,
+        "exactly one created it"
+    );
+    let all = store
+        .list_deliveries(&DeliveryQuery {
+            sub_id: Some(a.id),
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
     assert_eq!(all.len(), 1, "exactly one delivery");
 }
 
 // --- dispatch ------------------------------------------------------------------
 
 pub async fn claims_take_due_deliveries_of_one_destination_oldest_first(store: Arc<dyn Store>) {
-    let a = store.create_subscription(new_sub("a.example", None)).await.unwrap();
-    let b = store.create_subscription(new_sub("b.example", None)).await.unwrap();
+    let a = store
+        .create_subscription(new_sub("a.example", None))
+        .await
+        .unwrap();
+    let b = store
+        .create_subscription(new_sub("b.example", None))
+        .await
+        .unwrap();
     let mut a_ids = Vec::new();
     for _ in 0..5 {
         let (_, ids) = ingest(&store, &[&a, &b]).await;
         a_ids.push(ids[0]);
     }
-    let first = store.claim_due(&claim_req("a.example", 3, LONG)).await.unwrap();
+    let first = store
+        .claim_due(&claim_req("a.example", 3, LONG))
+        .await
+        .unwrap();
     assert_eq!(first.len(), 3);
-    assert!(first.iter().all(|c| c.delivery.destination_host == "a.example"));
-    assert_eq!(first.iter().map(|c| c.delivery.id).collect::<Vec<_>>(), a_ids[..3], "oldest first");
+    assert!(
+        first
+            .iter()
+            .all(|c| c.delivery.destination_host == "a.example")
+    );
+    assert_eq!(
+        first.iter().map(|c| c.delivery.id).collect::<Vec<_>>(),
+        a_ids[..3],
+        "oldest first"
+    );
     let c = &first[0];
     assert_eq!(c.delivery.state, DeliveryState::Inflight);
     assert_eq!(c.lease.delivery_id, c.delivery.id);
@@ -377,22 +644,61 @@ pub async fn claims_take_due_deliveries_of_one_destination_oldest_first(store: A
     assert_eq!(c.event.payload, r#"{"n":1}"#);
     assert_eq!(c.subscription.id, a.id);
     assert_eq!(c.subscription.keys, a.keys);
-    let rest = store.claim_due(&claim_req("a.example", 10, LONG)).await.unwrap();
+    let rest = store
+        .claim_due(&claim_req("a.example", 10, LONG))
+        .await
+        .unwrap();
     assert_eq!(rest.len(), 2);
-    assert!(store.claim_due(&claim_req("a.example", 10, LONG)).await.unwrap().is_empty());
-    assert_eq!(store.claim_due(&claim_req("b.example", 10, LONG)).await.unwrap().len(), 5);
+    assert!(
+        store
+            .claim_due(&claim_req("a.example", 10, LONG))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        store
+            .claim_due(&claim_req("b.example", 10, LONG))
+            .await
+            .unwrap()
+            .len(),
+        5
+    );
 }
 
 pub async fn claimed_deliveries_are_not_claimed_again_while_leased(store: Arc<dyn Store>) {
-    let a = store.create_subscription(new_sub("a.example", None)).await.unwrap();
+    let a = store
+        .create_subscription(new_sub("a.example", None))
+        .await
+        .unwrap();
     ingest(&store, &[&a]).await;
-    assert_eq!(store.claim_due(&claim_req("a.example", 10, LONG)).await.unwrap().len(), 1);
-    assert_eq!(store.reclaim_expired().await.unwrap(), 0, "a live lease is not reclaimed");
-    assert!(store.claim_due(&claim_req("a.example", 10, LONG)).await.unwrap().is_empty());
+    assert_eq!(
+        store
+            .claim_due(&claim_req("a.example", 10, LONG))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(
+        store.reclaim_expired().await.unwrap(),
+        0,
+        "a live lease is not reclaimed"
+    );
+    assert!(
+        store
+            .claim_due(&claim_req("a.example", 10, LONG))
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 pub async fn concurrent_claimers_never_share_a_delivery(store: Arc<dyn Store>) {
-    let a = store.create_subscription(new_sub("a.example", None)).await.unwrap();
+    let a = store
+        .create_subscription(new_sub("a.example", None))
+        .await
+        .unwrap();
     let total = 300;
     for _ in 0..total {
         ingest(&store, &[&a]).await;
@@ -403,7 +709,12 @@ pub async fn concurrent_claimers_never_share_a_delivery(store: Arc<dyn Store>) {
             tokio::spawn(async move {
                 let mut mine = Vec::new();
                 loop {
-                    let req = ClaimRequest { worker_id: format!("w{w}"), destination: "a.example".into(), limit: 7, lease: LONG };
+                    let req = ClaimRequest {
+                        worker_id: format!("w{w}"),
+                        destination: "a.example".into(),
+                        limit: 7,
+                        lease: LONG,
+                    };
                     let got = store.claim_due(&req).await.unwrap();
                     if got.is_empty() {
                         break mine;
@@ -425,9 +736,15 @@ pub async fn concurrent_claimers_never_share_a_delivery(store: Arc<dyn Store>) {
 }
 
 pub async fn expired_lease_is_claimable_again(store: Arc<dyn Store>) {
-    let a = store.create_subscription(new_sub("a.example", None)).await.unwrap();
+    let a = store
+        .create_subscription(new_sub("a.example", None))
+        .await
+        .unwrap();
     let (_, ids) = ingest(&store, &[&a]).await;
-    let first = store.claim_due(&claim_req("a.example", 1, Duration::ZERO)).await.unwrap();
+    let first = store
+        .claim_due(&claim_req("a.example", 1, Duration::ZERO))
+        .await
+        .unwrap();
     assert_eq!(first.len(), 1);
     eventually("the zero lease to expire and be reclaimed", || {
         let store = store.clone();
@@ -436,21 +753,40 @@ pub async fn expired_lease_is_claimable_again(store: Arc<dyn Store>) {
     .await;
     let d = store.get_delivery(&ids[0]).await.unwrap();
     assert_eq!(d.delivery.state, DeliveryState::Pending);
-    let second = store.claim_due(&claim_req("a.example", 1, LONG)).await.unwrap();
+    let second = store
+        .claim_due(&claim_req("a.example", 1, LONG))
+        .await
+        .unwrap();
     assert_eq!(second.len(), 1);
-    assert_ne!(second[0].lease.token, first[0].lease.token, "a new claim gets a new token");
+    assert_ne!(
+        second[0].lease.token, first[0].lease.token,
+        "a new claim gets a new token"
+    );
 }
 
-pub async fn a_late_result_after_a_lost_lease_does_not_overwrite_the_new_claim(store: Arc<dyn Store>) {
-    let a = store.create_subscription(new_sub("a.example", None)).await.unwrap();
+pub async fn a_late_result_after_a_lost_lease_does_not_overwrite_the_new_claim(
+    store: Arc<dyn Store>,
+) {
+    let a = store
+        .create_subscription(new_sub("a.example", None))
+        .await
+        .unwrap();
     let (_, ids) = ingest(&store, &[&a]).await;
-    let zombie = store.claim_due(&claim_req("a.example", 1, Duration::ZERO)).await.unwrap().remove(0);
+    let zombie = store
+        .claim_due(&claim_req("a.example", 1, Duration::ZERO))
+        .await
+        .unwrap()
+        .remove(0);
     eventually("reclaim", || {
         let store = store.clone();
         async move { store.reclaim_expired().await.unwrap() == 1 }
     })
     .await;
-    let fresh = store.claim_due(&claim_req("a.example", 1, LONG)).await.unwrap().remove(0);
+    let fresh = store
+        .claim_due(&claim_req("a.example", 1, LONG))
+        .await
+        .unwrap()
+        .remove(0);
 
     let late = AttemptRecord {
         lease: zombie.lease,
@@ -458,63 +794,129 @@ pub async fn a_late_result_after_a_lost_lease_does_not_overwrite_the_new_claim(s
         next: NextState::Delivered,
         last_error: None,
     };
-    assert_eq!(store.record_attempt(late).await.unwrap(), RecordOutcome::LeaseLost);
+    assert_eq!(
+        store.record_attempt(late).await.unwrap(),
+        RecordOutcome::LeaseLost
+    );
     assert!(!store.renew_lease(&zombie.lease, LONG).await.unwrap());
     assert_eq!(store.release(&[zombie.lease]).await.unwrap(), 0);
     let d = store.get_delivery(&ids[0]).await.unwrap();
-    assert_eq!(d.delivery.state, DeliveryState::Inflight, "the new claim still holds it");
-    assert_eq!(d.attempts.len(), 1, "the zombie's attempt happened and is recorded");
+    assert_eq!(
+        d.delivery.state,
+        DeliveryState::Inflight,
+        "the new claim still holds it"
+    );
+    assert_eq!(
+        d.attempts.len(),
+        1,
+        "the zombie's attempt happened and is recorded"
+    );
 
-    let done = AttemptRecord { lease: fresh.lease, attempt: attempt(2, Some(200)), next: NextState::Delivered, last_error: None };
-    assert_eq!(store.record_attempt(done).await.unwrap(), RecordOutcome::Recorded);
-    assert_eq!(store.get_delivery(&ids[0]).await.unwrap().delivery.state, DeliveryState::Delivered);
+    let done = AttemptRecord {
+        lease: fresh.lease,
+        attempt: attempt(2, Some(200)),
+        next: NextState::Delivered,
+        last_error: None,
+    };
+    assert_eq!(
+        store.record_attempt(done).await.unwrap(),
+        RecordOutcome::Recorded
+    );
+    assert_eq!(
+        store.get_delivery(&ids[0]).await.unwrap().delivery.state,
+        DeliveryState::Delivered
+    );
 }
 
 pub async fn record_attempt_moves_the_delivery_and_keeps_attempt_history(store: Arc<dyn Store>) {
-    let a = store.create_subscription(new_sub("a.example", None)).await.unwrap();
+    let a = store
+        .create_subscription(new_sub("a.example", None))
+        .await
+        .unwrap();
     // Four deliveries, one per terminal path.
     let mut dl = Vec::new();
     for _ in 0..4 {
         dl.push(ingest(&store, &[&a]).await.1[0]);
     }
-    let claimed = store.claim_due(&claim_req("a.example", 10, LONG)).await.unwrap();
+    let claimed = store
+        .claim_due(&claim_req("a.example", 10, LONG))
+        .await
+        .unwrap();
     let lease = |id: DeliveryId| claimed.iter().find(|c| c.delivery.id == id).unwrap().lease;
 
     // 1: a 500, retried at once, then a 200.
     let r = AttemptRecord {
         lease: lease(dl[0]),
         attempt: attempt(1, Some(500)),
-        next: NextState::Retry { delay: Duration::ZERO },
+        next: NextState::Retry {
+            delay: Duration::ZERO,
+        },
         last_error: Some("HTTP 500".into()),
     };
-    assert_eq!(store.record_attempt(r).await.unwrap(), RecordOutcome::Recorded);
+    assert_eq!(
+        store.record_attempt(r).await.unwrap(),
+        RecordOutcome::Recorded
+    );
     let d = store.get_delivery(&dl[0]).await.unwrap();
     assert_eq!(d.delivery.state, DeliveryState::Pending);
     assert_eq!(d.delivery.attempt, 1);
     assert_eq!(d.delivery.last_status, Some(500));
     assert_eq!(d.delivery.last_error.as_deref(), Some("HTTP 500"));
-    let again = store.claim_due(&claim_req("a.example", 10, LONG)).await.unwrap();
-    let again: Vec<_> = again.into_iter().filter(|c| c.delivery.id == dl[0]).collect();
+    let again = store
+        .claim_due(&claim_req("a.example", 10, LONG))
+        .await
+        .unwrap();
+    let again: Vec<_> = again
+        .into_iter()
+        .filter(|c| c.delivery.id == dl[0])
+        .collect();
     assert_eq!(again.len(), 1, "a zero-delay retry is due at once");
     assert_eq!(again[0].delivery.attempt, 1);
-    let ok = AttemptRecord { lease: again[0].lease, attempt: attempt(2, Some(200)), next: NextState::Delivered, last_error: None };
+    let ok = AttemptRecord {
+        lease: again[0].lease,
+        attempt: attempt(2, Some(200)),
+        next: NextState::Delivered,
+        last_error: None,
+    };
     store.record_attempt(ok).await.unwrap();
     let d = store.get_delivery(&dl[0]).await.unwrap();
     assert_eq!(d.delivery.state, DeliveryState::Delivered);
     assert_eq!(d.delivery.attempt, 2);
     assert_eq!(d.delivery.last_status, Some(200));
     assert_eq!(d.delivery.last_error, None);
-    assert_eq!(d.attempts.iter().map(|a| (a.number, a.status)).collect::<Vec<_>>(), [(1, Some(500)), (2, Some(200))]);
-    assert_eq!(d.attempts[0].response_snippet.as_deref(), Some("status 500"));
+    assert_eq!(
+        d.attempts
+            .iter()
+            .map(|a| (a.number, a.status))
+            .collect::<Vec<_>>(),
+        [(1, Some(500)), (2, Some(200))]
+    );
+    assert_eq!(
+        d.attempts[0].response_snippet.as_deref(),
+        Some("status 500")
+    );
     assert_eq!(d.attempts[0].duration, Duration::from_millis(12));
 
     // 2: a permanent failure.
-    let f = AttemptRecord { lease: lease(dl[1]), attempt: attempt(1, Some(400)), next: NextState::Failed, last_error: Some("HTTP 400".into()) };
+    let f = AttemptRecord {
+        lease: lease(dl[1]),
+        attempt: attempt(1, Some(400)),
+        next: NextState::Failed,
+        last_error: Some("HTTP 400".into()),
+    };
     store.record_attempt(f).await.unwrap();
-    assert_eq!(store.get_delivery(&dl[1]).await.unwrap().delivery.state, DeliveryState::Failed);
+    assert_eq!(
+        store.get_delivery(&dl[1]).await.unwrap().delivery.state,
+        DeliveryState::Failed
+    );
 
     // 3: a timeout that exhausts retries.
-    let x = AttemptRecord { lease: lease(dl[2]), attempt: attempt(1, None), next: NextState::Dead, last_error: Some("timeout".into()) };
+    let x = AttemptRecord {
+        lease: lease(dl[2]),
+        attempt: attempt(1, None),
+        next: NextState::Dead,
+        last_error: Some("timeout".into()),
+    };
     store.record_attempt(x).await.unwrap();
     let d = store.get_delivery(&dl[2]).await.unwrap();
     assert_eq!(d.delivery.state, DeliveryState::Dead);
@@ -522,37 +924,73 @@ pub async fn record_attempt_moves_the_delivery_and_keeps_attempt_history(store: 
     assert_eq!(d.attempts[0].error_class, Some(ErrorClass::Timeout));
 
     // Terminal deliveries are never claimed.
-    assert!(store.claim_due(&claim_req("a.example", 10, LONG)).await.unwrap().is_empty());
+    assert!(
+        store
+            .claim_due(&claim_req("a.example", 10, LONG))
+            .await
+            .unwrap()
+            .is_empty()
+    );
     // The fourth is still in flight under its lease.
-    assert_eq!(store.get_delivery(&dl[3]).await.unwrap().delivery.state, DeliveryState::Inflight);
+    assert_eq!(
+        store.get_delivery(&dl[3]).await.unwrap().delivery.state,
+        DeliveryState::Inflight
+    );
 }
 
 pub async fn a_retry_is_not_due_before_its_delay(store: Arc<dyn Store>) {
-    let a = store.create_subscription(new_sub("a.example", None)).await.unwrap();
+    let a = store
+        .create_subscription(new_sub("a.example", None))
+        .await
+        .unwrap();
     let (_, ids) = ingest(&store, &[&a]).await;
-    let c = store.claim_due(&claim_req("a.example", 1, LONG)).await.unwrap().remove(0);
+    let c = store
+        .claim_due(&claim_req("a.example", 1, LONG))
+        .await
+        .unwrap()
+        .remove(0);
     let r = AttemptRecord {
         lease: c.lease,
         attempt: attempt(1, Some(503)),
-        next: NextState::Retry { delay: Duration::from_secs(3600) },
+        next: NextState::Retry {
+            delay: Duration::from_secs(3600),
+        },
         last_error: Some("HTTP 503".into()),
     };
     store.record_attempt(r).await.unwrap();
-    assert!(store.claim_due(&claim_req("a.example", 1, LONG)).await.unwrap().is_empty());
+    assert!(
+        store
+            .claim_due(&claim_req("a.example", 1, LONG))
+            .await
+            .unwrap()
+            .is_empty()
+    );
     assert!(store.due_destinations(10).await.unwrap().is_empty());
     let d = store.get_delivery(&ids[0]).await.unwrap().delivery;
     let wait = d.next_attempt_at - chrono::Utc::now();
-    assert!(wait > chrono::Duration::minutes(59) && wait <= chrono::Duration::minutes(61), "{wait}");
+    assert!(
+        wait > chrono::Duration::minutes(59) && wait <= chrono::Duration::minutes(61),
+        "{wait}"
+    );
 }
 
 pub async fn release_returns_claims_without_an_attempt(store: Arc<dyn Store>) {
-    let a = store.create_subscription(new_sub("a.example", None)).await.unwrap();
+    let a = store
+        .create_subscription(new_sub("a.example", None))
+        .await
+        .unwrap();
     ingest(&store, &[&a]).await;
     ingest(&store, &[&a]).await;
-    let c = store.claim_due(&claim_req("a.example", 10, LONG)).await.unwrap();
+    let c = store
+        .claim_due(&claim_req("a.example", 10, LONG))
+        .await
+        .unwrap();
     let leases: Vec<Lease> = c.iter().map(|c| c.lease).collect();
     assert_eq!(store.release(&leases).await.unwrap(), 2);
-    let again = store.claim_due(&claim_req("a.example", 10, LONG)).await.unwrap();
+    let again = store
+        .claim_due(&claim_req("a.example", 10, LONG))
+        .await
+        .unwrap();
     assert_eq!(again.len(), 2);
     assert!(again.iter().all(|c| c.delivery.attempt == 0));
     let d = store.get_delivery(&again[0].delivery.id).await.unwrap();
@@ -560,34 +998,94 @@ pub async fn release_returns_claims_without_an_attempt(store: Arc<dyn Store>) {
 }
 
 pub async fn renew_extends_only_a_live_lease(store: Arc<dyn Store>) {
-    let a = store.create_subscription(new_sub("a.example", None)).await.unwrap();
+    let a = store
+        .create_subscription(new_sub("a.example", None))
+        .await
+        .unwrap();
     ingest(&store, &[&a]).await;
-    let c = store.claim_due(&claim_req("a.example", 1, Duration::from_millis(1))).await.unwrap().remove(0);
+    let c = store
+        .claim_due(&claim_req("a.example", 1, Duration::from_millis(1)))
+        .await
+        .unwrap()
+        .remove(0);
     assert!(store.renew_lease(&c.lease, LONG).await.unwrap());
     // Renewed: no longer expiring, so nothing to reclaim even after the original lease.
     tokio::time::sleep(Duration::from_millis(20)).await; // let the original 1 ms lease pass; not a wait for work
     assert_eq!(store.reclaim_expired().await.unwrap(), 0);
-    let bogus = Lease { delivery_id: c.lease.delivery_id, token: c.lease.token + 1000 };
+    let bogus = Lease {
+        delivery_id: c.lease.delivery_id,
+        token: c.lease.token + 1000,
+    };
     assert!(!store.renew_lease(&bogus, LONG).await.unwrap());
 }
 
 pub async fn disabled_subscriptions_keep_their_deliveries_unclaimed(store: Arc<dyn Store>) {
-    let a = store.create_subscription(new_sub("a.example", None)).await.unwrap();
-    store.update_subscription(&a.id, SubscriptionPatch { state: Some(SubscriptionState::Disabled), ..Default::default() }).await.unwrap();
+    let a = store
+        .create_subscription(new_sub("a.example", None))
+        .await
+        .unwrap();
+    store
+        .update_subscription(
+            &a.id,
+            SubscriptionPatch {
+                state: Some(SubscriptionState::Disabled),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
     let (_, ids) = ingest(&store, &[&a]).await;
     assert!(store.due_destinations(10).await.unwrap().is_empty());
-    assert!(store.claim_due(&claim_req("a.example", 10, LONG)).await.unwrap().is_empty());
-    assert_eq!(store.get_delivery(&ids[0]).await.unwrap().delivery.state, DeliveryState::Pending, "kept");
-    store.update_subscription(&a.id, SubscriptionPatch { state: Some(SubscriptionState::Active), ..Default::default() }).await.unwrap();
-    assert_eq!(store.due_destinations(10).await.unwrap(), vec!["a.example".to_owned()]);
-    assert_eq!(store.claim_due(&claim_req("a.example", 10, LONG)).await.unwrap().len(), 1);
+    assert!(
+        store
+            .claim_due(&claim_req("a.example", 10, LONG))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        store.get_delivery(&ids[0]).await.unwrap().delivery.state,
+        DeliveryState::Pending,
+        "kept"
+    );
+    store
+        .update_subscription(
+            &a.id,
+            SubscriptionPatch {
+                state: Some(SubscriptionState::Active),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        store.due_destinations(10).await.unwrap(),
+        vec!["a.example".to_owned()]
+    );
+    assert_eq!(
+        store
+            .claim_due(&claim_req("a.example", 10, LONG))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
 }
 
 pub async fn due_destinations_lists_hosts_with_due_work(store: Arc<dyn Store>) {
     assert!(store.due_destinations(10).await.unwrap().is_empty());
-    let a = store.create_subscription(new_sub("a.example", None)).await.unwrap();
-    let b = store.create_subscription(new_sub("b.example", None)).await.unwrap();
-    let c = store.create_subscription(new_sub("c.example", None)).await.unwrap();
+    let a = store
+        .create_subscription(new_sub("a.example", None))
+        .await
+        .unwrap();
+    let b = store
+        .create_subscription(new_sub("b.example", None))
+        .await
+        .unwrap();
+    let c = store
+        .create_subscription(new_sub("c.example", None))
+        .await
+        .unwrap();
     ingest(&store, &[&a]).await;
     ingest(&store, &[&b, &a]).await;
     let _ = c;
@@ -596,80 +1094,190 @@ pub async fn due_destinations_lists_hosts_with_due_work(store: Arc<dyn Store>) {
     hosts.sort();
     assert_eq!(hosts, ["a.example", "b.example"]);
     assert_eq!(store.due_destinations(1).await.unwrap().len(), 1);
-    store.claim_due(&claim_req("a.example", 10, LONG)).await.unwrap();
+    store
+        .claim_due(&claim_req("a.example", 10, LONG))
+        .await
+        .unwrap();
     assert_eq!(store.due_destinations(10).await.unwrap(), ["b.example"]);
 }
 
 pub async fn deliveries_filter_and_page(store: Arc<dyn Store>) {
-    let a = store.create_subscription(new_sub("a.example", None)).await.unwrap();
-    let b = store.create_subscription(new_sub("b.example", None)).await.unwrap();
+    let a = store
+        .create_subscription(new_sub("a.example", None))
+        .await
+        .unwrap();
+    let b = store
+        .create_subscription(new_sub("b.example", None))
+        .await
+        .unwrap();
     let mut a_ids = Vec::new();
     for i in 0..6 {
-        let ty = if i % 2 == 0 { "invoice.paid" } else { "user.created" };
+        let ty = if i % 2 == 0 {
+            "invoice.paid"
+        } else {
+            "user.created"
+        };
         let d = delivery_to(&a);
         a_ids.push(d.id);
-        store.accept_event(new_event(ty, None), vec![d, delivery_to(&b)]).await.unwrap();
+        store
+            .accept_event(new_event(ty, None), vec![d, delivery_to(&b)])
+            .await
+            .unwrap();
     }
     let q = |f: fn(&mut DeliveryQuery)| {
-        let mut q = DeliveryQuery { sub_id: Some(a.id), limit: 100, ..Default::default() };
+        let mut q = DeliveryQuery {
+            sub_id: Some(a.id),
+            limit: 100,
+            ..Default::default()
+        };
         f(&mut q);
         q
     };
     let all = store.list_deliveries(&q(|_| {})).await.unwrap();
     let mut newest_first = a_ids.clone();
     newest_first.reverse();
-    assert_eq!(all.iter().map(|d| d.delivery.id).collect::<Vec<_>>(), newest_first);
+    assert_eq!(
+        all.iter().map(|d| d.delivery.id).collect::<Vec<_>>(),
+        newest_first
+    );
 
-    let invoices = store.list_deliveries(&q(|q| q.event_type = Some(EventType::parse("invoice.paid").unwrap()))).await.unwrap();
+    let invoices = store
+        .list_deliveries(&q(|q| {
+            q.event_type = Some(EventType::parse("invoice.paid").unwrap())
+        }))
+        .await
+        .unwrap();
     assert_eq!(invoices.len(), 3);
 
-    let page = store.list_deliveries(&DeliveryQuery { sub_id: Some(a.id), limit: 4, ..Default::default() }).await.unwrap();
+    let page = store
+        .list_deliveries(&DeliveryQuery {
+            sub_id: Some(a.id),
+            limit: 4,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
     let next = store
-        .list_deliveries(&DeliveryQuery { sub_id: Some(a.id), limit: 4, cursor: Some(page[3].delivery.id), ..Default::default() })
+        .list_deliveries(&DeliveryQuery {
+            sub_id: Some(a.id),
+            limit: 4,
+            cursor: Some(page[3].delivery.id),
+            ..Default::default()
+        })
         .await
         .unwrap();
     assert_eq!(page.len(), 4);
-    assert_eq!(next.iter().map(|d| d.delivery.id).collect::<Vec<_>>(), newest_first[4..]);
+    assert_eq!(
+        next.iter().map(|d| d.delivery.id).collect::<Vec<_>>(),
+        newest_first[4..]
+    );
 
     // State filter: deliver one.
-    let c = store.claim_due(&claim_req("a.example", 1, LONG)).await.unwrap().remove(0);
+    let c = store
+        .claim_due(&claim_req("a.example", 1, LONG))
+        .await
+        .unwrap()
+        .remove(0);
     store
-        .record_attempt(AttemptRecord { lease: c.lease, attempt: attempt(1, Some(200)), next: NextState::Delivered, last_error: None })
+        .record_attempt(AttemptRecord {
+            lease: c.lease,
+            attempt: attempt(1, Some(200)),
+            next: NextState::Delivered,
+            last_error: None,
+        })
         .await
         .unwrap();
-    let delivered = store.list_deliveries(&q(|q| q.state = Some(DeliveryState::Delivered))).await.unwrap();
+    let delivered = store
+        .list_deliveries(&q(|q| q.state = Some(DeliveryState::Delivered)))
+        .await
+        .unwrap();
     assert_eq!(delivered.len(), 1);
     assert_eq!(delivered[0].delivery.id, c.delivery.id);
     assert_eq!(delivered[0].attempts.len(), 1);
-    let pending = store.list_deliveries(&q(|q| q.state = Some(DeliveryState::Pending))).await.unwrap();
+    let pending = store
+        .list_deliveries(&q(|q| q.state = Some(DeliveryState::Pending)))
+        .await
+        .unwrap();
     assert_eq!(pending.len(), 5);
 
     // Time window.
     let future = chrono::Utc::now() + chrono::Duration::hours(1);
-    assert!(store.list_deliveries(&DeliveryQuery { sub_id: Some(a.id), since: Some(future), limit: 10, ..Default::default() }).await.unwrap().is_empty());
+    assert!(
+        store
+            .list_deliveries(&DeliveryQuery {
+                sub_id: Some(a.id),
+                since: Some(future),
+                limit: 10,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .is_empty()
+    );
     assert_eq!(
-        store.list_deliveries(&DeliveryQuery { sub_id: Some(a.id), until: Some(future), limit: 10, ..Default::default() }).await.unwrap().len(),
+        store
+            .list_deliveries(&DeliveryQuery {
+                sub_id: Some(a.id),
+                until: Some(future),
+                limit: 10,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .len(),
         6
     );
 }
 
 pub async fn tokens_are_found_by_hash(store: Arc<dyn Store>) {
     assert!(!store.has_admin_token().await.unwrap());
-    let cust = NewToken { token_hash: vec![1; 32], customer_id: Some(CustomerId::parse("acme").unwrap()), label: None };
+    let cust = NewToken {
+        token_hash: vec![1; 32],
+        customer_id: Some(CustomerId::parse("acme").unwrap()),
+        label: None,
+    };
     store.create_token(cust.clone()).await.unwrap();
-    assert!(!store.has_admin_token().await.unwrap(), "a customer token is not an admin token");
-    store.create_token(NewToken { token_hash: vec![2; 32], customer_id: None, label: Some("admin".into()) }).await.unwrap();
+    assert!(
+        !store.has_admin_token().await.unwrap(),
+        "a customer token is not an admin token"
+    );
+    store
+        .create_token(NewToken {
+            token_hash: vec![2; 32],
+            customer_id: None,
+            label: Some("admin".into()),
+        })
+        .await
+        .unwrap();
     assert!(store.has_admin_token().await.unwrap());
-    assert_eq!(store.find_token(&[1; 32]).await.unwrap(), Some(TokenScope::Customer(CustomerId::parse("acme").unwrap())));
-    assert_eq!(store.find_token(&[2; 32]).await.unwrap(), Some(TokenScope::Admin));
+    assert_eq!(
+        store.find_token(&[1; 32]).await.unwrap(),
+        Some(TokenScope::Customer(CustomerId::parse("acme").unwrap()))
+    );
+    assert_eq!(
+        store.find_token(&[2; 32]).await.unwrap(),
+        Some(TokenScope::Admin)
+    );
     assert_eq!(store.find_token(&[3; 32]).await.unwrap(), None);
-    assert!(matches!(store.create_token(cust).await, Err(StoreError::Conflict(_))));
+    assert!(matches!(
+        store.create_token(cust).await,
+        Err(StoreError::Conflict(_))
+    ));
 }
 
 pub async fn missing_records_are_not_found(store: Arc<dyn Store>) {
-    assert!(matches!(store.get_event(&EventId::new()).await, Err(StoreError::NotFound)));
-    assert!(matches!(store.get_delivery(&DeliveryId::new()).await, Err(StoreError::NotFound)));
-    assert!(matches!(store.get_subscription(&SubscriptionId::new()).await, Err(StoreError::NotFound)));
+    assert!(matches!(
+        store.get_event(&EventId::new()).await,
+        Err(StoreError::NotFound)
+    ));
+    assert!(matches!(
+        store.get_delivery(&DeliveryId::new()).await,
+        Err(StoreError::NotFound)
+    ));
+    assert!(matches!(
+        store.get_subscription(&SubscriptionId::new()).await,
+        Err(StoreError::NotFound)
+    ));
     store.ping().await.unwrap();
     store.migrate().await.unwrap();
     store.migrate().await.unwrap();

@@ -63,11 +63,17 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// Changes the fields set in `patch`. `NotFound` if absent or deleted.
     /// Bumps the subscription generation.
-    async fn update_subscription(&self, id: &SubscriptionId, patch: SubscriptionPatch) -> Result<Subscription>;
+    async fn update_subscription(
+        &self,
+        id: &SubscriptionId,
+        patch: SubscriptionPatch,
+    ) -> Result<Subscription>;
 
     /// Deletes a subscription: it stops matching events, and its deliveries
-    /// that are still `pending` become `failed` with last_error
-    /// "subscription deleted", in the same transaction. Its history stays.
+    /// that are still `pending` or `inflight` become `failed` with last_error
+    /// "subscription deleted", in the same transaction. An in-flight worker's
+    /// later result then gets `LeaseLost`, so nothing can return such a row
+    /// to `pending` where no claim would ever take it. Its history stays.
     /// `NotFound` if absent or already deleted. Bumps the generation.
     async fn delete_subscription(&self, id: &SubscriptionId) -> Result<()>;
 
@@ -89,7 +95,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     ///
     /// Deliveries are unique per (event, subscription). New deliveries are
     /// `pending`, due at once, with `attempt = 0`.
-    async fn accept_event(&self, event: NewEvent, deliveries: Vec<NewDelivery>) -> Result<Accepted>;
+    async fn accept_event(&self, event: NewEvent, deliveries: Vec<NewDelivery>)
+    -> Result<Accepted>;
 
     /// One event. `NotFound` if absent.
     async fn get_event(&self, id: &EventId) -> Result<Event>;
@@ -150,5 +157,4 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// Whether an admin token (one with no customer) is stored.
     async fn has_admin_token(&self) -> Result<bool>;
-
 }

@@ -1,0 +1,249 @@
+//! Dispatch: finding due work, claiming it under a lease, and recording what
+//! happened. Every lease-conditional write checks `state = 'inflight' AND
+//! lease_token = ?`: the token is bumped by every claim, so a worker whose
+//! lease was lost (expired and re-claimed, or released) matches nothing.
+
+use std::time::Duration;
+
+use hookd_store::{
+    AttemptRecord, ClaimRequest, ClaimedDelivery, Lease, MAX_SNIPPET_BYTES, NextState,
+    RecordOutcome, Result, StoreError,
+};
+use sqlx::{QueryBuilder, Sqlite};
+use uuid::Uuid;
+
+use crate::SqliteStore;
+use crate::codec::{
+    self, after, delivery_columns, duration_ms, event_columns, now_ms, subscription_columns, to_ms,
+};
+use crate::error::from_sqlx;
+
+/// Ids per `IN (…)` list, far below SQLite's limit on bound values; a claim
+/// batch fits in one statement.
+const IDS_PER_QUERY: usize = 1000;
+
+pub(crate) async fn due_destinations(store: &SqliteStore, limit: u32) -> Result<Vec<String>> {
+    // Ties on the oldest due time (same millisecond) go to the host whose
+    // oldest delivery was created first, so the order is stable.
+    sqlx::query_scalar(
+        "SELECT d.destination_host FROM deliveries d JOIN subscriptions s ON s.sub_id = d.sub_id \
+         WHERE d.state = 'pending' AND d.next_attempt_at <= ? AND s.state = 'active' \
+         GROUP BY d.destination_host \
+         ORDER BY MIN(d.next_attempt_at), MIN(d.delivery_id) LIMIT ?",
+    )
+    .bind(now_ms())
+    .bind(i64::from(limit))
+    .fetch_all(&store.reader)
+    .await
+    .map_err(from_sqlx)
+}
+
+pub(crate) async fn claim_due(
+    store: &SqliteStore,
+    req: &ClaimRequest,
+) -> Result<Vec<ClaimedDelivery>> {
+    // The write transaction is what makes claims exclusive: no other claimer
+    // can run between choosing rows and marking them inflight.
+    let mut tx = store.write().await?;
+    let now = now_ms();
+    let ids: Vec<Uuid> = sqlx::query_scalar(
+        "UPDATE deliveries SET state = 'inflight', lease_token = lease_token + 1, lease_expires = ?, \
+         worker_id = ?, updated_at = ? \
+         WHERE delivery_id IN ( \
+             SELECT d.delivery_id FROM deliveries d JOIN subscriptions s ON s.sub_id = d.sub_id \
+             WHERE d.destination_host = ? AND d.state = 'pending' AND d.next_attempt_at <= ? \
+               AND s.state = 'active' \
+             ORDER BY d.next_attempt_at, d.delivery_id LIMIT ?) \
+         RETURNING delivery_id",
+    )
+    .bind(after(now, req.lease))
+    .bind(&req.worker_id)
+    .bind(now)
+    .bind(&req.destination)
+    .bind(now)
+    .bind(i64::from(req.limit))
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(from_sqlx)?;
+
+    // RETURNING cannot join, so load the claimed rows with their event and
+    // subscription in one query per batch of ids (one, for any sane limit).
+    let mut claimed = Vec::with_capacity(ids.len());
+    for chunk in ids.chunks(IDS_PER_QUERY) {
+        let mut q = QueryBuilder::<Sqlite>::new(concat!(
+            "SELECT ",
+            delivery_columns!(),
+            ", ",
+            event_columns!(),
+            ", ",
+            subscription_columns!(),
+            " FROM deliveries d JOIN events e ON e.event_id = d.event_id \
+             JOIN subscriptions s ON s.sub_id = d.sub_id WHERE d.delivery_id IN ("
+        ));
+        let mut list = q.separated(", ");
+        for id in chunk {
+            list.push_bind(*id);
+        }
+        q.push(")");
+        for row in q.build().fetch_all(&mut *tx).await.map_err(from_sqlx)? {
+            let (delivery, token) = codec::delivery(&row)?;
+            claimed.push(ClaimedDelivery {
+                lease: Lease {
+                    delivery_id: delivery.id,
+                    token,
+                },
+                event: codec::event(&row)?,
+                subscription: codec::subscription(&row)?,
+                delivery,
+            });
+        }
+    }
+    tx.commit().await.map_err(from_sqlx)?;
+    // Oldest due first, as the contract promises.
+    claimed.sort_by_key(|c| (c.delivery.next_attempt_at, c.delivery.id));
+    Ok(claimed)
+}
+
+/// At most [`MAX_SNIPPET_BYTES`] of `s`, cut on a character boundary. The
+/// caller should already have cut it; the store enforces its own limit.
+fn clip(s: &str) -> &str {
+    if s.len() <= MAX_SNIPPET_BYTES {
+        return s;
+    }
+    let mut end = MAX_SNIPPET_BYTES;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+pub(crate) async fn record_attempt(
+    store: &SqliteStore,
+    record: AttemptRecord,
+) -> Result<RecordOutcome> {
+    let AttemptRecord {
+        lease,
+        attempt,
+        next,
+        last_error,
+    } = record;
+    let mut tx = store.write().await?;
+    let now = now_ms();
+    // The attempt happened whether or not we still hold the lease, so its
+    // row is written either way.
+    sqlx::query(
+        "INSERT INTO attempts (delivery_id, number, started_at, duration_ms, status, error_class, response_snippet) \
+         VALUES (?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(lease.delivery_id.as_uuid())
+    .bind(i64::from(attempt.number))
+    .bind(to_ms(attempt.started_at))
+    .bind(duration_ms(attempt.duration))
+    .bind(attempt.status.map(i64::from))
+    .bind(attempt.error_class.map(|c| c.as_str()))
+    .bind(attempt.response_snippet.as_deref().map(clip))
+    .execute(&mut *tx)
+    .await
+    .map_err(|e| match e {
+        // The only foreign key is the delivery: it does not exist.
+        sqlx::Error::Database(ref db) if db.is_foreign_key_violation() => StoreError::NotFound,
+        e => from_sqlx(e),
+    })?;
+
+    let (state, next_attempt_at) = match next {
+        NextState::Delivered => ("delivered", None),
+        NextState::Retry { delay } => ("pending", Some(after(now, delay))),
+        NextState::Failed => ("failed", None),
+        NextState::Dead => ("dead", None),
+    };
+    let moved = sqlx::query(
+        "UPDATE deliveries SET state = ?, attempt = attempt + 1, last_status = ?, last_error = ?, \
+         next_attempt_at = COALESCE(?, next_attempt_at), lease_expires = NULL, worker_id = NULL, updated_at = ? \
+         WHERE delivery_id = ? AND state = 'inflight' AND lease_token = ?",
+    )
+    .bind(state)
+    .bind(attempt.status.map(i64::from))
+    .bind(last_error)
+    .bind(next_attempt_at)
+    .bind(now)
+    .bind(lease.delivery_id.as_uuid())
+    .bind(lease.token)
+    .execute(&mut *tx)
+    .await
+    .map_err(from_sqlx)?;
+    tx.commit().await.map_err(from_sqlx)?;
+    Ok(if moved.rows_affected() == 1 {
+        RecordOutcome::Recorded
+    } else {
+        RecordOutcome::LeaseLost
+    })
+}
+
+pub(crate) async fn renew_lease(
+    store: &SqliteStore,
+    lease: &Lease,
+    lease_for: Duration,
+) -> Result<bool> {
+    // A lease that has expired but not yet been reclaimed is still renewable:
+    // nobody else holds the row, and record_attempt would accept it too.
+    // "Lost" means another claim or a release has happened since.
+    let mut tx = store.write().await?;
+    let now = now_ms();
+    let renewed = sqlx::query(
+        "UPDATE deliveries SET lease_expires = ?, updated_at = ? \
+         WHERE delivery_id = ? AND state = 'inflight' AND lease_token = ?",
+    )
+    .bind(after(now, lease_for))
+    .bind(now)
+    .bind(lease.delivery_id.as_uuid())
+    .bind(lease.token)
+    .execute(&mut *tx)
+    .await
+    .map_err(from_sqlx)?;
+    tx.commit().await.map_err(from_sqlx)?;
+    Ok(renewed.rows_affected() == 1)
+}
+
+pub(crate) async fn release(store: &SqliteStore, leases: &[Lease]) -> Result<u64> {
+    if leases.is_empty() {
+        return Ok(0);
+    }
+    let mut tx = store.write().await?;
+    let now = now_ms();
+    let mut released = 0;
+    // One statement per lease: each needs its own token check, and the
+    // prepared statement is cached, so this costs little inside one transaction.
+    for lease in leases {
+        let done = sqlx::query(
+            "UPDATE deliveries SET state = 'pending', lease_expires = NULL, worker_id = NULL, updated_at = ? \
+             WHERE delivery_id = ? AND state = 'inflight' AND lease_token = ?",
+        )
+        .bind(now)
+        .bind(lease.delivery_id.as_uuid())
+        .bind(lease.token)
+        .execute(&mut *tx)
+        .await
+        .map_err(from_sqlx)?;
+        released += done.rows_affected();
+    }
+    tx.commit().await.map_err(from_sqlx)?;
+    Ok(released)
+}
+
+pub(crate) async fn reclaim_expired(store: &SqliteStore) -> Result<u64> {
+    let mut tx = store.write().await?;
+    let now = now_ms();
+    // The token stays as it is: the next claim bumps it, which is what
+    // fences out the worker whose lease expired.
+    let done = sqlx::query(
+        "UPDATE deliveries SET state = 'pending', lease_expires = NULL, worker_id = NULL, updated_at = ? \
+         WHERE state = 'inflight' AND lease_expires < ?",
+    )
+    .bind(now)
+    .bind(now)
+    .execute(&mut *tx)
+    .await
+    .map_err(from_sqlx)?;
+    tx.commit().await.map_err(from_sqlx)?;
+    Ok(done.rows_affected())
+}

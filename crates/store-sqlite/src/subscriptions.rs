@@ -1,0 +1,235 @@
+//! Subscriptions: create, read, update, delete (a tombstone), and the
+//! generation counter that tells ingest its fan-out index is stale.
+
+use hookd_domain::SubscriptionId;
+use hookd_store::{
+    NewSubscription, Result, StoreError, Subscription, SubscriptionPatch, SubscriptionQuery,
+};
+use sqlx::{QueryBuilder, Sqlite, SqliteConnection, SqliteExecutor};
+
+use crate::SqliteStore;
+use crate::codec::{self, encode_patterns, now_ms, subscription_columns, to_ms};
+use crate::error::from_sqlx;
+
+/// The last error of pending deliveries failed by a delete (the trait's words).
+const DELETED: &str = "subscription deleted";
+
+/// One subscription that is not deleted.
+async fn fetch<'e>(
+    ex: impl SqliteExecutor<'e>,
+    id: &SubscriptionId,
+) -> Result<Option<Subscription>> {
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        subscription_columns!(),
+        " FROM subscriptions s WHERE s.sub_id = ? AND s.state <> 'deleted'"
+    ))
+    .bind(id.as_uuid())
+    .fetch_optional(ex)
+    .await
+    .map_err(from_sqlx)?;
+    row.as_ref().map(codec::subscription).transpose()
+}
+
+/// Bumped inside every subscription write transaction, so the change and the
+/// new generation become visible together.
+async fn bump_generation(conn: &mut SqliteConnection) -> Result<()> {
+    sqlx::query("UPDATE meta SET value = value + 1 WHERE key = 'subscription_generation'")
+        .execute(conn)
+        .await
+        .map_err(from_sqlx)?;
+    Ok(())
+}
+
+fn retry_policy_json(policy: &hookd_domain::subscription::RetryPolicy) -> Result<String> {
+    serde_json::to_string(policy).map_err(|e| StoreError::Backend(Box::new(e)))
+}
+
+pub(crate) async fn create(store: &SqliteStore, new: NewSubscription) -> Result<Subscription> {
+    let policy = retry_policy_json(&new.retry_policy)?;
+    let (previous, previous_until) = match &new.keys.previous {
+        Some((secret, until)) => (Some(secret.expose()), Some(to_ms(*until))),
+        None => (None, None),
+    };
+    let mut tx = store.write().await?;
+    let now = now_ms();
+    sqlx::query(
+        "INSERT INTO subscriptions (sub_id, customer_id, url, host, event_types, secret, previous_secret, \
+         previous_secret_expires_at, ordered, retry_policy, state, description, created_at, updated_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, ?, ?)",
+    )
+    .bind(new.id.as_uuid())
+    .bind(new.customer_id.as_ref().map(|c| c.as_str()))
+    .bind(new.url.as_str())
+    .bind(new.url.host())
+    .bind(encode_patterns(&new.event_types))
+    .bind(new.keys.current.expose())
+    .bind(previous)
+    .bind(previous_until)
+    .bind(new.ordered)
+    .bind(policy)
+    .bind(new.description.as_deref())
+    .bind(now)
+    .bind(now)
+    .execute(&mut *tx)
+    .await
+    .map_err(from_sqlx)?;
+    bump_generation(&mut tx).await?;
+    // Read back rather than echo `new`, so the caller sees exactly what a
+    // later read will (times at the store's millisecond precision).
+    let created = fetch(&mut *tx, &new.id)
+        .await?
+        .ok_or(StoreError::NotFound)?;
+    tx.commit().await.map_err(from_sqlx)?;
+    Ok(created)
+}
+
+pub(crate) async fn get(store: &SqliteStore, id: &SubscriptionId) -> Result<Subscription> {
+    fetch(&store.reader, id).await?.ok_or(StoreError::NotFound)
+}
+
+pub(crate) async fn list(
+    store: &SqliteStore,
+    query: &SubscriptionQuery,
+) -> Result<Vec<Subscription>> {
+    let mut q = QueryBuilder::<Sqlite>::new(concat!(
+        "SELECT ",
+        subscription_columns!(),
+        " FROM subscriptions s WHERE s.state <> 'deleted'"
+    ));
+    if let Some(customer) = &query.customer_id {
+        q.push(" AND s.customer_id = ")
+            .push_bind(customer.as_str().to_owned());
+    }
+    if let Some(cursor) = &query.cursor {
+        q.push(" AND s.sub_id > ").push_bind(*cursor.as_uuid());
+    }
+    q.push(" ORDER BY s.sub_id LIMIT ")
+        .push_bind(i64::from(query.limit));
+    let rows = q
+        .build()
+        .fetch_all(&store.reader)
+        .await
+        .map_err(from_sqlx)?;
+    rows.iter().map(codec::subscription).collect()
+}
+
+pub(crate) async fn all(store: &SqliteStore) -> Result<Vec<Subscription>> {
+    let rows = sqlx::query(concat!(
+        "SELECT ",
+        subscription_columns!(),
+        " FROM subscriptions s WHERE s.state <> 'deleted' ORDER BY s.sub_id"
+    ))
+    .fetch_all(&store.reader)
+    .await
+    .map_err(from_sqlx)?;
+    rows.iter().map(codec::subscription).collect()
+}
+
+pub(crate) async fn update(
+    store: &SqliteStore,
+    id: &SubscriptionId,
+    patch: SubscriptionPatch,
+) -> Result<Subscription> {
+    let mut tx = store.write().await?;
+    let now = now_ms();
+    // Read, patch in Rust, write back whole: under the write lock nothing
+    // can change in between, and the patch logic stays in one readable place.
+    let mut sub = fetch(&mut *tx, id).await?.ok_or(StoreError::NotFound)?;
+    let SubscriptionPatch {
+        url,
+        event_types,
+        keys,
+        ordered,
+        retry_policy,
+        state,
+        description,
+    } = patch;
+    if let Some(url) = url {
+        sub.url = url;
+    }
+    if let Some(event_types) = event_types {
+        sub.event_types = event_types;
+    }
+    if let Some(keys) = keys {
+        sub.keys = keys;
+    }
+    if let Some(ordered) = ordered {
+        sub.ordered = ordered;
+    }
+    if let Some(retry_policy) = retry_policy {
+        sub.retry_policy = retry_policy;
+    }
+    if let Some(state) = state {
+        sub.state = state;
+    }
+    if let Some(description) = description {
+        sub.description = description;
+    }
+    let (previous, previous_until) = match &sub.keys.previous {
+        Some((secret, until)) => (Some(secret.expose()), Some(to_ms(*until))),
+        None => (None, None),
+    };
+    sqlx::query(
+        "UPDATE subscriptions SET url = ?, host = ?, event_types = ?, secret = ?, previous_secret = ?, \
+         previous_secret_expires_at = ?, ordered = ?, retry_policy = ?, state = ?, description = ?, \
+         updated_at = ? WHERE sub_id = ?",
+    )
+    .bind(sub.url.as_str())
+    .bind(sub.url.host())
+    .bind(encode_patterns(&sub.event_types))
+    .bind(sub.keys.current.expose())
+    .bind(previous)
+    .bind(previous_until)
+    .bind(sub.ordered)
+    .bind(retry_policy_json(&sub.retry_policy)?)
+    .bind(sub.state.as_str())
+    .bind(sub.description.as_deref())
+    .bind(now)
+    .bind(id.as_uuid())
+    .execute(&mut *tx)
+    .await
+    .map_err(from_sqlx)?;
+    bump_generation(&mut tx).await?;
+    let updated = fetch(&mut *tx, id).await?.ok_or(StoreError::NotFound)?;
+    tx.commit().await.map_err(from_sqlx)?;
+    Ok(updated)
+}
+
+pub(crate) async fn delete(store: &SqliteStore, id: &SubscriptionId) -> Result<()> {
+    let mut tx = store.write().await?;
+    let now = now_ms();
+    // A tombstone, not a DELETE: the subscription's deliveries and attempts
+    // are its history and keep pointing at it.
+    let done = sqlx::query("UPDATE subscriptions SET state = 'deleted', updated_at = ? WHERE sub_id = ? AND state <> 'deleted'")
+        .bind(now)
+        .bind(id.as_uuid())
+        .execute(&mut *tx)
+        .await
+        .map_err(from_sqlx)?;
+    if done.rows_affected() == 0 {
+        return Err(StoreError::NotFound);
+    }
+    sqlx::query(
+        // In-flight rows too: their worker's result then finds the row no
+        // longer in flight (LeaseLost), and no release or reclaim can bring
+        // it back to a pending that nothing would ever claim.
+        "UPDATE deliveries SET state = 'failed', last_error = ?, updated_at = ?, lease_expires = NULL, worker_id = NULL \
+         WHERE sub_id = ? AND state IN ('pending', 'inflight')",
+    )
+    .bind(DELETED)
+    .bind(now)
+    .bind(id.as_uuid())
+    .execute(&mut *tx)
+    .await
+    .map_err(from_sqlx)?;
+    bump_generation(&mut tx).await?;
+    tx.commit().await.map_err(from_sqlx)
+}
+
+pub(crate) async fn generation(store: &SqliteStore) -> Result<i64> {
+    sqlx::query_scalar("SELECT value FROM meta WHERE key = 'subscription_generation'")
+        .fetch_one(&store.reader)
+        .await
+        .map_err(from_sqlx)
+}

@@ -1,0 +1,48 @@
+//! API tokens: only their SHA-256 hashes are stored, with their scope.
+
+use hookd_domain::CustomerId;
+use hookd_store::{NewToken, Result, TokenScope};
+
+use crate::SqliteStore;
+use crate::codec::now_ms;
+use crate::error::{corrupt, from_sqlx};
+
+pub(crate) async fn create(store: &SqliteStore, token: NewToken) -> Result<()> {
+    let mut tx = store.write().await?;
+    sqlx::query(
+        "INSERT INTO tokens (token_hash, customer_id, label, created_at) VALUES (?, ?, ?, ?)",
+    )
+    .bind(token.token_hash)
+    .bind(token.customer_id.as_ref().map(|c| c.as_str()))
+    .bind(token.label)
+    .bind(now_ms())
+    .execute(&mut *tx)
+    .await
+    .map_err(from_sqlx)?;
+    tx.commit().await.map_err(from_sqlx)
+}
+
+pub(crate) async fn find(store: &SqliteStore, token_hash: &[u8]) -> Result<Option<TokenScope>> {
+    // Outer Option: is there a token; inner: is it scoped to a customer.
+    let found: Option<Option<String>> =
+        sqlx::query_scalar("SELECT customer_id FROM tokens WHERE token_hash = ?")
+            .bind(token_hash)
+            .fetch_optional(&store.reader)
+            .await
+            .map_err(from_sqlx)?;
+    found
+        .map(|customer| match customer {
+            None => Ok(TokenScope::Admin),
+            Some(c) => CustomerId::parse(&c)
+                .map(TokenScope::Customer)
+                .map_err(|e| corrupt("tokens.customer_id", e)),
+        })
+        .transpose()
+}
+
+pub(crate) async fn has_admin(store: &SqliteStore) -> Result<bool> {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM tokens WHERE customer_id IS NULL)")
+        .fetch_one(&store.reader)
+        .await
+        .map_err(from_sqlx)
+}

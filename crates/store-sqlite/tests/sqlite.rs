@@ -1,0 +1,256 @@
+//! Behaviours of the SQLite backend that the shared suite cannot see: how it
+//! opens files, and that two stores on one file (as two processes would be)
+//! still migrate and claim safely.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hookd_domain::destination::{DestinationPolicy, DestinationUrl};
+use hookd_domain::event_type::{EventType, EventTypePattern};
+use hookd_domain::signing::SigningSecret;
+use hookd_domain::subscription::{RetryPolicy, SigningKeys};
+use hookd_domain::{DeliveryId, EventId, SubscriptionId};
+use hookd_store::{
+    Attempt, AttemptRecord, ClaimRequest, Lease, NewDelivery, NewEvent, NewSubscription, NextState,
+    Store, StoreError,
+};
+use hookd_store_sqlite::SqliteStore;
+
+/// A migrated store on a fresh file, and the directory that holds it.
+async fn fresh() -> (SqliteStore, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::connect(&dir.path().join("hookd.db"))
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    (store, dir)
+}
+
+fn new_sub(host: &str) -> NewSubscription {
+    NewSubscription {
+        id: SubscriptionId::new(),
+        customer_id: None,
+        url: DestinationUrl::parse(
+            &format!("http://{host}/hook"),
+            DestinationPolicy::AllowPrivate,
+        )
+        .unwrap(),
+        event_types: vec![EventTypePattern::parse("*").unwrap()],
+        keys: SigningKeys {
+            current: SigningSecret::generate(),
+            previous: None,
+        },
+        ordered: false,
+        retry_policy: RetryPolicy::default(),
+        description: None,
+    }
+}
+
+fn new_event() -> NewEvent {
+    NewEvent {
+        id: EventId::new(),
+        event_type: EventType::parse("order.created").unwrap(),
+        payload: "{}".into(),
+        idempotency_key: None,
+        customer_id: None,
+    }
+}
+
+#[tokio::test]
+async fn urls_name_a_file_and_memory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for (i, scheme) in ["sqlite:", "sqlite://"].iter().enumerate() {
+        let path = dir.path().join(format!("db{i}.db"));
+        let store = SqliteStore::connect_url(&format!("{scheme}{}", path.display()))
+            .await
+            .unwrap();
+        store.migrate().await.unwrap();
+        assert!(path.exists(), "{scheme} creates the file");
+    }
+    for bad in [
+        "postgres://localhost/hookd",
+        "sqlite::memory:",
+        "sqlite://?mode=memory",
+    ] {
+        let err = SqliteStore::connect_url(bad).await.unwrap_err();
+        assert!(matches!(err, StoreError::Backend(_)), "{bad}: {err:?}");
+    }
+}
+
+#[tokio::test]
+async fn accepted_events_survive_a_reopen() {
+    let (store, dir) = fresh().await;
+    let ev = new_event();
+    store.accept_event(ev.clone(), vec![]).await.unwrap();
+    store.close().await;
+    let reopened = SqliteStore::connect(&dir.path().join("hookd.db"))
+        .await
+        .unwrap();
+    reopened.migrate().await.unwrap();
+    assert_eq!(reopened.get_event(&ev.id).await.unwrap().payload, "{}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stores_sharing_a_file_migrate_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("hookd.db");
+    let mut stores = Vec::new();
+    for _ in 0..8 {
+        stores.push(Arc::new(SqliteStore::connect(&path).await.unwrap()));
+    }
+    // Line them up so their migrations overlap rather than run in turn.
+    let start = Arc::new(tokio::sync::Barrier::new(stores.len()));
+    let runs = stores.iter().map(|s| {
+        let (s, start) = (s.clone(), start.clone());
+        tokio::spawn(async move {
+            start.wait().await;
+            s.migrate().await
+        })
+    });
+    for r in futures::future::join_all(runs).await {
+        r.unwrap().unwrap();
+    }
+    assert_eq!(
+        stores[0].subscription_generation().await.unwrap(),
+        0,
+        "migrated exactly once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stores_sharing_a_file_never_claim_the_same_delivery() {
+    let (first, dir) = fresh().await;
+    let sub = first
+        .create_subscription(new_sub("a.example"))
+        .await
+        .unwrap();
+    let total = 120;
+    for _ in 0..total {
+        let d = NewDelivery {
+            id: DeliveryId::new(),
+            sub_id: sub.id,
+            destination_host: "a.example".into(),
+        };
+        first.accept_event(new_event(), vec![d]).await.unwrap();
+    }
+    // Each store has its own writer connection, as separate processes would:
+    // only SQLite's file lock keeps their claims apart.
+    let mut stores: Vec<Arc<SqliteStore>> = vec![Arc::new(first)];
+    for _ in 0..2 {
+        stores.push(Arc::new(
+            SqliteStore::connect(&dir.path().join("hookd.db"))
+                .await
+                .unwrap(),
+        ));
+    }
+    let tasks: Vec<_> = stores
+        .iter()
+        .enumerate()
+        .map(|(w, store)| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let mut mine = Vec::new();
+                loop {
+                    let req = ClaimRequest {
+                        worker_id: format!("w{w}"),
+                        destination: "a.example".into(),
+                        limit: 5,
+                        lease: Duration::from_secs(300),
+                    };
+                    let got = store.claim_due(&req).await.unwrap();
+                    if got.is_empty() {
+                        break mine;
+                    }
+                    mine.extend(got.into_iter().map(|c| c.delivery.id));
+                }
+            })
+        })
+        .collect();
+    let mut seen = HashSet::new();
+    for t in tasks {
+        for id in t.await.unwrap() {
+            assert!(seen.insert(id), "{id} was claimed twice");
+        }
+    }
+    assert_eq!(seen.len(), total);
+}
+
+#[tokio::test]
+async fn an_attempt_for_an_unknown_delivery_is_not_found() {
+    let (store, _dir) = fresh().await;
+    let record = AttemptRecord {
+        lease: Lease {
+            delivery_id: DeliveryId::new(),
+            token: 1,
+        },
+        attempt: Attempt {
+            number: 1,
+            started_at: chrono::Utc::now(),
+            duration: Duration::from_millis(1),
+            status: Some(200),
+            error_class: None,
+            response_snippet: None,
+        },
+        next: NextState::Delivered,
+        last_error: None,
+    };
+    assert!(matches!(
+        store.record_attempt(record).await,
+        Err(StoreError::NotFound)
+    ));
+}
+
+#[tokio::test]
+async fn oversized_snippets_are_cut_on_a_character_boundary() {
+    let (store, _dir) = fresh().await;
+    let sub = store
+        .create_subscription(new_sub("a.example"))
+        .await
+        .unwrap();
+    let id = DeliveryId::new();
+    store
+        .accept_event(
+            new_event(),
+            vec![NewDelivery {
+                id,
+                sub_id: sub.id,
+                destination_host: "a.example".into(),
+            }],
+        )
+        .await
+        .unwrap();
+    let req = ClaimRequest {
+        worker_id: "w".into(),
+        destination: "a.example".into(),
+        limit: 1,
+        lease: Duration::from_secs(60),
+    };
+    let claimed = store.claim_due(&req).await.unwrap().remove(0);
+    // 'é' is two bytes, so 1024 bytes fall in the middle of one.
+    let snippet = format!("x{}", "é".repeat(1000));
+    let record = AttemptRecord {
+        lease: claimed.lease,
+        attempt: Attempt {
+            number: 1,
+            started_at: chrono::Utc::now(),
+            duration: Duration::from_millis(1),
+            status: Some(500),
+            error_class: None,
+            response_snippet: Some(snippet.clone()),
+        },
+        next: NextState::Failed,
+        last_error: None,
+    };
+    store.record_attempt(record).await.unwrap();
+    let kept = store
+        .get_delivery(&id)
+        .await
+        .unwrap()
+        .attempts
+        .remove(0)
+        .response_snippet
+        .unwrap();
+    assert_eq!(kept.len(), 1023);
+    assert!(snippet.starts_with(&kept));
+}
