@@ -1,1 +1,134 @@
-//! placeholder
+//! hookd's PostgreSQL store: the scale backend of [`hookd_store::Store`].
+//!
+//! Several hookd processes may share one database: claims use
+//! `FOR UPDATE SKIP LOCKED` so concurrent workers never receive the same
+//! delivery, every lease and due time is computed from the database's `now()`
+//! (never a node's clock), and completions are fenced by a lease token.
+//!
+//! # Main types
+//! - [`PgStore`]: the [`Store`](hookd_store::Store) implementation over a
+//!   connection pool; built with [`PgStore::connect`].
+//! - [`PgOptions`]: pool size, timeouts and the schema to use.
+//! - `testing` (feature `testing`): `testing::fresh_schema()`
+//!   gives each test its own schema in `HOOKD_TEST_DATABASE_URL`.
+//!
+//! # Layout
+//! - `migrations/` (embedded): the schema of `docs/schema-notes.md` in
+//!   PostgreSQL types.
+//! - `store`: one SQL statement (or one transaction) per trait method.
+//! - `rows`: the column lists and row decoders the queries share.
+//! - `error`: sqlx errors mapped onto [`StoreError`].
+//!
+//! # What this crate must not do
+//! Let a sqlx type cross the [`Store`](hookd_store::Store) seam, read the
+//! node's clock for anything the database compares, or write outside the
+//! transaction that a trait method's contract names.
+#![warn(missing_docs)]
+
+mod error;
+mod rows;
+mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use hookd_store::StoreError;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+
+/// How to connect. Every field has a default suited to a service that must
+/// fail fast when its database is unreachable rather than queue requests.
+#[derive(Debug, Clone)]
+pub struct PgOptions {
+    /// Most open connections. Claims, ingest and API reads all share them.
+    pub max_connections: u32,
+    /// How long a call waits for a free (or new) connection before failing
+    /// with `Unavailable`.
+    pub acquire_timeout: Duration,
+    /// Server-side `statement_timeout` for every connection, so a stuck lock
+    /// or an overloaded server fails a call in seconds instead of hanging it.
+    pub statement_timeout: Duration,
+    /// A schema to put first on `search_path` for every connection (tables and
+    /// migrations live there). `None` keeps the URL's or server's setting;
+    /// the URL form is `?options=-c%20search_path%3DSCHEMA`.
+    pub schema: Option<String>,
+}
+
+impl Default for PgOptions {
+    fn default() -> Self {
+        Self {
+            max_connections: 16,
+            acquire_timeout: Duration::from_secs(5),
+            statement_timeout: Duration::from_secs(10),
+            schema: None,
+        }
+    }
+}
+
+/// The PostgreSQL [`Store`](hookd_store::Store). Cheap to clone: clones share
+/// one pool.
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    pool: PgPool,
+    /// A client-side bound on each call. The server's statement_timeout
+    /// cannot fire if the server is frozen or the network silently drops
+    /// packets, so without it a call could hang on an established connection.
+    deadline: Duration,
+}
+
+impl PgStore {
+    /// Builds a pool for `url` (`postgres://user:pass@host:port/db?…`) and
+    /// opens its first connection, so a wrong URL or an unreachable database
+    /// fails here (`Unavailable` within `acquire_timeout`), at startup, rather
+    /// than on the first request.
+    pub async fn connect(url: &str, opts: PgOptions) -> Result<PgStore, StoreError> {
+        let mut connect =
+            PgConnectOptions::from_str(url).map_err(|e| StoreError::Backend(Box::new(e)))?;
+        // Startup options cost no round trip, and apply to every connection
+        // the pool ever opens, including ones replacing broken ones.
+        connect = connect.options([(
+            "statement_timeout",
+            format!("{}ms", opts.statement_timeout.as_millis()),
+        )]);
+        if let Some(schema) = &opts.schema {
+            // Sent after any `options` in the URL, so it wins over them.
+            connect = connect.options([("search_path", quote_ident(schema))]);
+        }
+        let pool = PgPoolOptions::new()
+            .max_connections(opts.max_connections)
+            .acquire_timeout(opts.acquire_timeout)
+            .connect_with(connect)
+            .await
+            .map_err(error::map)?;
+        // Room for a connection wait plus a transaction of a few statements,
+        // each bounded by the statement timeout on a healthy server.
+        let deadline = opts.acquire_timeout + opts.statement_timeout * 2;
+        Ok(PgStore { pool, deadline })
+    }
+
+    /// Closes the pool, waiting for connections in use to be returned.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    /// Runs `call` under the client-side deadline; a missed deadline is
+    /// `Unavailable` (the database did not answer).
+    async fn bounded<T>(
+        &self,
+        call: impl Future<Output = hookd_store::Result<T>>,
+    ) -> hookd_store::Result<T> {
+        match tokio::time::timeout(self.deadline, call).await {
+            Ok(res) => res,
+            Err(_) => Err(StoreError::Unavailable(Box::new(error::DeadlineExceeded(
+                self.deadline,
+            )))),
+        }
+    }
+}
+
+/// Quotes an identifier for use in SQL (`search_path`, `CREATE SCHEMA`), so a
+/// schema name is never interpreted as anything else.
+fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}

@@ -1,0 +1,673 @@
+//! The [`Store`] implementation: one SQL statement per method where the
+//! contract allows, one transaction where it names one.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use hookd_domain::CustomerId;
+use hookd_domain::{DeliveryId, EventId, SubscriptionId};
+use hookd_store::{
+    Accepted, Attempt, AttemptRecord, ClaimRequest, ClaimedDelivery, DeliveryDetail, DeliveryQuery,
+    Event, Lease, NewDelivery, NewEvent, NewSubscription, NewToken, NextState, RecordOutcome,
+    Result, Store, StoreError, Subscription, SubscriptionPatch, SubscriptionQuery, TokenScope,
+};
+use sqlx::postgres::PgRow;
+use sqlx::{Postgres, Row, Transaction};
+use uuid::Uuid;
+
+use crate::PgStore;
+use crate::error::{map, map_migrate};
+use crate::rows::{self, delivery_cols, event_cols, subscription_cols};
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// Durations travel to SQL as whole microseconds (`$n * interval '1 microsecond'`),
+/// PostgreSQL's own resolution, so no float rounding moves a due time.
+fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+fn to_i32(what: &str, n: u32) -> Result<i32> {
+    i32::try_from(n)
+        .map_err(|_| StoreError::Backend(format!("{what} {n} does not fit the column").into()))
+}
+
+fn uuids<'a, T: 'a>(items: impl IntoIterator<Item = &'a T>, f: impl Fn(&T) -> Uuid) -> Vec<Uuid> {
+    items.into_iter().map(f).collect()
+}
+
+/// Bumps the subscription generation inside a subscription write.
+async fn bump_generation(tx: &mut Transaction<'_, Postgres>) -> Result<()> {
+    sqlx::query("UPDATE meta SET value = value + 1 WHERE name = 'subscription_generation'")
+        .execute(&mut **tx)
+        .await
+        .map_err(map)?;
+    Ok(())
+}
+
+async fn begin(store: &PgStore) -> Result<Transaction<'static, Postgres>> {
+    store.pool.begin().await.map_err(map)
+}
+
+/// A read-only transaction with one snapshot, so a delivery and its attempts
+/// are read as of one moment: a concurrent `record_attempt` is seen whole or
+/// not at all.
+async fn begin_snapshot(store: &PgStore) -> Result<Transaction<'static, Postgres>> {
+    store
+        .pool
+        .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        .await
+        .map_err(map)
+}
+
+async fn commit(tx: Transaction<'_, Postgres>) -> Result<()> {
+    tx.commit().await.map_err(map)
+}
+
+/// Attempts of `ids`, oldest first per delivery, in one query.
+async fn attempts_of<'e>(
+    exec: impl sqlx::PgExecutor<'e>,
+    ids: &[Uuid],
+) -> Result<HashMap<Uuid, Vec<Attempt>>> {
+    let rows = sqlx::query(
+        "SELECT delivery_id, number, started_at, duration_ms, status, error_class, response_snippet \
+         FROM attempts WHERE delivery_id = ANY($1) ORDER BY delivery_id, attempt_id",
+    )
+    .bind(ids)
+    .fetch_all(exec)
+    .await
+    .map_err(map)?;
+    let mut by_delivery: HashMap<Uuid, Vec<Attempt>> = HashMap::new();
+    for row in &rows {
+        let (id, attempt) = rows::attempt(row)?;
+        by_delivery.entry(id).or_default().push(attempt);
+    }
+    Ok(by_delivery)
+}
+
+fn details(
+    rows: &[PgRow],
+    mut attempts: HashMap<Uuid, Vec<Attempt>>,
+) -> Result<Vec<DeliveryDetail>> {
+    rows.iter()
+        .map(|row| {
+            let delivery = rows::delivery(row)?;
+            let attempts = attempts.remove(delivery.id.as_uuid()).unwrap_or_default();
+            Ok(DeliveryDetail { delivery, attempts })
+        })
+        .collect()
+}
+
+fn json(value: &impl serde::Serialize) -> Result<String> {
+    serde_json::to_string(value).map_err(|e| StoreError::Backend(Box::new(e)))
+}
+
+#[async_trait]
+impl Store for PgStore {
+    async fn migrate(&self) -> Result<()> {
+        // A dedicated connection without statement_timeout: waiting for
+        // another process's migration (sqlx's advisory lock) or building an
+        // index may legitimately take longer than a request should. It is
+        // detached so the changed setting never returns to the pool.
+        let mut conn = self.pool.acquire().await.map_err(map)?.detach();
+        sqlx::query("SET statement_timeout = 0")
+            .execute(&mut conn)
+            .await
+            .map_err(map)?;
+        // `run_direct` is what `run` calls after acquiring; calling it
+        // directly sidesteps `Acquire`'s lifetime trouble in async_trait.
+        let res = MIGRATOR
+            .run_direct(None, &mut conn, false)
+            .await
+            .map_err(map_migrate);
+        let _ = sqlx::Connection::close(conn).await;
+        res
+    }
+
+    async fn ping(&self) -> Result<()> {
+        self.bounded(async {
+            sqlx::query("SELECT 1")
+                .execute(&self.pool)
+                .await
+                .map_err(map)?;
+            Ok(())
+        })
+        .await
+    }
+
+    // --- subscriptions ---------------------------------------------------
+
+    async fn create_subscription(&self, new: NewSubscription) -> Result<Subscription> {
+        self.bounded(async {
+            let mut tx = begin(self).await?;
+            let (prev, prev_until) = new.keys.previous.as_ref().map(|(s, t)| (s.expose(), *t)).unzip();
+            let row = sqlx::query(concat!(
+                "INSERT INTO subscriptions AS s (sub_id, customer_id, url, host, event_types, secret, \
+                 previous_secret, previous_secret_expires_at, ordered, retry_policy, state, description) \
+                 VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10::jsonb, 'active', $11) RETURNING ",
+                subscription_cols!()
+            ))
+            .bind(new.id.as_uuid())
+            .bind(new.customer_id.as_ref().map(CustomerId::as_str))
+            .bind(new.url.as_str())
+            .bind(new.url.host())
+            .bind(json(&new.event_types)?)
+            .bind(new.keys.current.expose())
+            .bind(prev)
+            .bind(prev_until)
+            .bind(new.ordered)
+            .bind(json(&new.retry_policy)?)
+            .bind(new.description.as_deref())
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(map)?;
+            let sub = rows::subscription(&row)?;
+            bump_generation(&mut tx).await?;
+            commit(tx).await?;
+            Ok(sub)
+        })
+        .await
+    }
+
+    async fn get_subscription(&self, id: &SubscriptionId) -> Result<Subscription> {
+        self.bounded(async {
+            let row = sqlx::query(concat!(
+                "SELECT ",
+                subscription_cols!(),
+                " FROM subscriptions s WHERE s.sub_id = $1 AND s.state <> 'deleted'"
+            ))
+            .bind(id.as_uuid())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map)?;
+            rows::subscription(&row.ok_or(StoreError::NotFound)?)
+        })
+        .await
+    }
+
+    async fn list_subscriptions(&self, query: &SubscriptionQuery) -> Result<Vec<Subscription>> {
+        self.bounded(async {
+            let rows = sqlx::query(concat!(
+                "SELECT ",
+                subscription_cols!(),
+                " FROM subscriptions s WHERE s.state <> 'deleted' \
+                 AND ($1::text IS NULL OR s.customer_id = $1) \
+                 AND ($2::uuid IS NULL OR s.sub_id > $2) \
+                 ORDER BY s.sub_id LIMIT $3"
+            ))
+            .bind(query.customer_id.as_ref().map(CustomerId::as_str))
+            .bind(query.cursor.as_ref().map(SubscriptionId::as_uuid))
+            .bind(i64::from(query.limit))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map)?;
+            rows.iter().map(rows::subscription).collect()
+        })
+        .await
+    }
+
+    async fn all_subscriptions(&self) -> Result<Vec<Subscription>> {
+        self.bounded(async {
+            let rows = sqlx::query(concat!(
+                "SELECT ",
+                subscription_cols!(),
+                " FROM subscriptions s WHERE s.state <> 'deleted' ORDER BY s.sub_id"
+            ))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map)?;
+            rows.iter().map(rows::subscription).collect()
+        })
+        .await
+    }
+
+    async fn update_subscription(
+        &self,
+        id: &SubscriptionId,
+        patch: SubscriptionPatch,
+    ) -> Result<Subscription> {
+        self.bounded(async {
+            let mut tx = begin(self).await?;
+            let keys = patch.keys.as_ref();
+            let (prev, prev_until) =
+                keys.and_then(|k| k.previous.as_ref()).map(|(s, t)| (s.expose(), *t)).unzip();
+            // NULL means "leave as is"; the nullable columns (previous secret,
+            // description) take a separate "set it" flag so they can be cleared.
+            let row = sqlx::query(concat!(
+                "UPDATE subscriptions AS s SET \
+                 url = COALESCE($2::text, s.url), \
+                 host = COALESCE($3::text, s.host), \
+                 event_types = COALESCE($4::jsonb, s.event_types), \
+                 secret = COALESCE($5::text, s.secret), \
+                 previous_secret = CASE WHEN $5::text IS NULL THEN s.previous_secret ELSE $6::text END, \
+                 previous_secret_expires_at = CASE WHEN $5::text IS NULL THEN s.previous_secret_expires_at \
+                     ELSE $7::timestamptz END, \
+                 ordered = COALESCE($8::boolean, s.ordered), \
+                 retry_policy = COALESCE($9::jsonb, s.retry_policy), \
+                 state = COALESCE($10::text, s.state), \
+                 description = CASE WHEN $11::boolean THEN $12::text ELSE s.description END, \
+                 updated_at = now() \
+                 WHERE s.sub_id = $1 AND s.state <> 'deleted' RETURNING ",
+                subscription_cols!()
+            ))
+            .bind(id.as_uuid())
+            .bind(patch.url.as_ref().map(|u| u.as_str()))
+            .bind(patch.url.as_ref().map(|u| u.host()))
+            .bind(patch.event_types.as_ref().map(json).transpose()?)
+            .bind(keys.map(|k| k.current.expose()))
+            .bind(prev)
+            .bind(prev_until)
+            .bind(patch.ordered)
+            .bind(patch.retry_policy.as_ref().map(json).transpose()?)
+            .bind(patch.state.map(|s| s.as_str()))
+            .bind(patch.description.is_some())
+            .bind(patch.description.flatten())
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map)?;
+            let sub = rows::subscription(&row.ok_or(StoreError::NotFound)?)?;
+            bump_generation(&mut tx).await?;
+            commit(tx).await?;
+            Ok(sub)
+        })
+        .await
+    }
+
+    async fn delete_subscription(&self, id: &SubscriptionId) -> Result<()> {
+        self.bounded(async {
+            let mut tx = begin(self).await?;
+            let deleted = sqlx::query(
+                "UPDATE subscriptions SET state = 'deleted', updated_at = now() \
+                 WHERE sub_id = $1 AND state <> 'deleted'",
+            )
+            .bind(id.as_uuid())
+            .execute(&mut *tx)
+            .await
+            .map_err(map)?;
+            if deleted.rows_affected() == 0 {
+                return Err(StoreError::NotFound);
+            }
+            // In-flight rows too: their worker's result then finds the row no
+            // longer in flight (LeaseLost), and no release or reclaim can bring
+            // it back to a pending that nothing would ever claim.
+            sqlx::query(
+                "UPDATE deliveries SET state = 'failed', last_error = 'subscription deleted', updated_at = now(), \
+                 lease_expires = NULL, worker_id = NULL \
+                 WHERE sub_id = $1 AND state IN ('pending', 'inflight')",
+            )
+            .bind(id.as_uuid())
+            .execute(&mut *tx)
+            .await
+            .map_err(map)?;
+            bump_generation(&mut tx).await?;
+            commit(tx).await
+        })
+        .await
+    }
+
+    async fn subscription_generation(&self) -> Result<i64> {
+        self.bounded(async {
+            let row = sqlx::query("SELECT value FROM meta WHERE name = 'subscription_generation'")
+                .fetch_one(&self.pool)
+                .await
+                .map_err(map)?;
+            row.try_get("value").map_err(map)
+        })
+        .await
+    }
+
+    // --- ingest ----------------------------------------------------------------
+
+    async fn accept_event(
+        &self,
+        event: NewEvent,
+        deliveries: Vec<NewDelivery>,
+    ) -> Result<Accepted> {
+        self.bounded(async {
+            let mut tx = begin(self).await?;
+            // ON CONFLICT waits for a concurrent inserter of the same key to
+            // commit or roll back, so of N simultaneous duplicates exactly one
+            // inserts and the rest see its row.
+            let inserted = sqlx::query(
+                "INSERT INTO events (event_id, type, payload, idempotency_key, customer_id) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (idempotency_key) DO NOTHING RETURNING event_id",
+            )
+            .bind(event.id.as_uuid())
+            .bind(event.event_type.as_str())
+            .bind(&event.payload)
+            .bind(event.idempotency_key.as_deref())
+            .bind(event.customer_id.as_ref().map(CustomerId::as_str))
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map)?;
+            if inserted.is_none() {
+                let existing = sqlx::query("SELECT event_id FROM events WHERE idempotency_key = $1")
+                    .bind(event.idempotency_key.as_deref())
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(map)?
+                    // Only possible if the holder of the key was deleted
+                    // between the two statements.
+                    .ok_or_else(|| StoreError::Conflict("idempotency key is being reused".into()))?;
+                let id: Uuid = existing.try_get("event_id").map_err(map)?;
+                // Nothing was written; the rollback on drop is a no-op.
+                return Ok(Accepted { event_id: EventId::from_uuid(id), duplicate: true });
+            }
+            if !deliveries.is_empty() {
+                // One statement for the whole fan-out, however wide.
+                let hosts: Vec<&str> = deliveries.iter().map(|d| d.destination_host.as_str()).collect();
+                sqlx::query(
+                    "INSERT INTO deliveries (delivery_id, event_id, sub_id, event_type, destination_host, \
+                     state, attempt, next_attempt_at, created_at, window_start, updated_at) \
+                     SELECT u.delivery_id, $1, u.sub_id, $2, u.host, 'pending', 0, now(), now(), now(), now() \
+                     FROM unnest($3::uuid[], $4::uuid[], $5::text[]) AS u(delivery_id, sub_id, host)",
+                )
+                .bind(event.id.as_uuid())
+                .bind(event.event_type.as_str())
+                .bind(uuids(&deliveries, |d| *d.id.as_uuid()))
+                .bind(uuids(&deliveries, |d| *d.sub_id.as_uuid()))
+                .bind(hosts)
+                .execute(&mut *tx)
+                .await
+                .map_err(map)?;
+            }
+            commit(tx).await?;
+            Ok(Accepted { event_id: event.id, duplicate: false })
+        })
+        .await
+    }
+
+    async fn get_event(&self, id: &EventId) -> Result<Event> {
+        self.bounded(async {
+            let row = sqlx::query(concat!(
+                "SELECT ",
+                event_cols!(),
+                " FROM events e WHERE e.event_id = $1"
+            ))
+            .bind(id.as_uuid())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map)?;
+            rows::event(&row.ok_or(StoreError::NotFound)?)
+        })
+        .await
+    }
+
+    // --- dispatch ------------------------------------------------------------
+
+    async fn due_destinations(&self, limit: u32) -> Result<Vec<String>> {
+        self.bounded(async {
+            let rows = sqlx::query(
+                "SELECT d.destination_host FROM deliveries d JOIN subscriptions s ON s.sub_id = d.sub_id \
+                 WHERE d.state = 'pending' AND d.next_attempt_at <= now() AND s.state = 'active' \
+                 GROUP BY d.destination_host ORDER BY min(d.next_attempt_at), d.destination_host LIMIT $1",
+            )
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map)?;
+            rows.iter().map(|r| r.try_get("destination_host").map_err(map)).collect()
+        })
+        .await
+    }
+
+    async fn claim_due(&self, req: &ClaimRequest) -> Result<Vec<ClaimedDelivery>> {
+        self.bounded(async {
+            // One statement: pick (skipping rows another claimer holds), mark
+            // inflight with a fresh token, and read back all the worker needs.
+            let rows = sqlx::query(concat!(
+                "WITH due AS ( \
+                     SELECT d.delivery_id FROM deliveries d JOIN subscriptions s ON s.sub_id = d.sub_id \
+                     WHERE d.destination_host = $1 AND d.state = 'pending' AND d.next_attempt_at <= now() \
+                       AND s.state = 'active' \
+                     ORDER BY d.next_attempt_at, d.delivery_id LIMIT $2 \
+                     FOR UPDATE OF d SKIP LOCKED \
+                 ), claimed AS ( \
+                     UPDATE deliveries u SET state = 'inflight', lease_token = u.lease_token + 1, \
+                       lease_expires = now() + $3 * interval '1 microsecond', worker_id = $4, updated_at = now() \
+                     FROM due WHERE u.delivery_id = due.delivery_id RETURNING u.* \
+                 ) SELECT ",
+                delivery_cols!(),
+                ", ",
+                event_cols!(),
+                ", ",
+                subscription_cols!(),
+                " FROM claimed d JOIN events e ON e.event_id = d.event_id \
+                 JOIN subscriptions s ON s.sub_id = d.sub_id \
+                 ORDER BY d.next_attempt_at, d.delivery_id"
+            ))
+            .bind(&req.destination)
+            .bind(i64::from(req.limit))
+            .bind(micros(req.lease))
+            .bind(&req.worker_id)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map)?;
+            rows.iter()
+                .map(|row| {
+                    let delivery = rows::delivery(row)?;
+                    Ok(ClaimedDelivery {
+                        lease: Lease { delivery_id: delivery.id, token: rows::lease_token(row)? },
+                        delivery,
+                        event: rows::event(row)?,
+                        subscription: rows::subscription(row)?,
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn record_attempt(&self, record: AttemptRecord) -> Result<RecordOutcome> {
+        self.bounded(async {
+            let a = &record.attempt;
+            let mut tx = begin(self).await?;
+            // The attempt happened whatever became of the lease, so it is
+            // always written.
+            sqlx::query(
+                "INSERT INTO attempts (delivery_id, number, started_at, duration_ms, status, error_class, \
+                 response_snippet) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            )
+            .bind(record.lease.delivery_id.as_uuid())
+            .bind(to_i32("attempt number", a.number)?)
+            .bind(a.started_at)
+            .bind(i64::try_from(a.duration.as_millis()).unwrap_or(i64::MAX))
+            .bind(a.status.map(i32::from))
+            .bind(a.error_class.map(|c| c.as_str()))
+            .bind(a.response_snippet.as_deref())
+            .execute(&mut *tx)
+            .await
+            .map_err(map)?;
+            let (state, delay) = match &record.next {
+                NextState::Delivered => ("delivered", None),
+                NextState::Retry { delay } => ("pending", Some(micros(*delay))),
+                NextState::Failed => ("failed", None),
+                NextState::Dead => ("dead", None),
+            };
+            let moved = sqlx::query(
+                "UPDATE deliveries SET attempt = attempt + 1, state = $3, last_status = $4, last_error = $5, \
+                 next_attempt_at = CASE WHEN $6::bigint IS NULL THEN next_attempt_at \
+                     ELSE now() + $6::bigint * interval '1 microsecond' END, \
+                 lease_expires = NULL, worker_id = NULL, updated_at = now() \
+                 WHERE delivery_id = $1 AND state = 'inflight' AND lease_token = $2",
+            )
+            .bind(record.lease.delivery_id.as_uuid())
+            .bind(record.lease.token)
+            .bind(state)
+            .bind(a.status.map(i32::from))
+            .bind(record.last_error.as_deref())
+            .bind(delay)
+            .execute(&mut *tx)
+            .await
+            .map_err(map)?;
+            commit(tx).await?;
+            Ok(if moved.rows_affected() == 1 { RecordOutcome::Recorded } else { RecordOutcome::LeaseLost })
+        })
+        .await
+    }
+
+    async fn renew_lease(&self, lease: &Lease, lease_for: Duration) -> Result<bool> {
+        self.bounded(async {
+            let res = sqlx::query(
+                "UPDATE deliveries SET lease_expires = now() + $3 * interval '1 microsecond', updated_at = now() \
+                 WHERE delivery_id = $1 AND state = 'inflight' AND lease_token = $2",
+            )
+            .bind(lease.delivery_id.as_uuid())
+            .bind(lease.token)
+            .bind(micros(lease_for))
+            .execute(&self.pool)
+            .await
+            .map_err(map)?;
+            Ok(res.rows_affected() == 1)
+        })
+        .await
+    }
+
+    async fn release(&self, leases: &[Lease]) -> Result<u64> {
+        if leases.is_empty() {
+            return Ok(0);
+        }
+        self.bounded(async {
+            // The token stays: the next claim bumps it, which is what fences
+            // out the releasing worker.
+            let res = sqlx::query(
+                "UPDATE deliveries d SET state = 'pending', lease_expires = NULL, worker_id = NULL, \
+                 updated_at = now() \
+                 FROM unnest($1::uuid[], $2::bigint[]) AS l(delivery_id, token) \
+                 WHERE d.delivery_id = l.delivery_id AND d.lease_token = l.token AND d.state = 'inflight'",
+            )
+            .bind(uuids(leases, |l| *l.delivery_id.as_uuid()))
+            .bind(leases.iter().map(|l| l.token).collect::<Vec<i64>>())
+            .execute(&self.pool)
+            .await
+            .map_err(map)?;
+            Ok(res.rows_affected())
+        })
+        .await
+    }
+
+    async fn reclaim_expired(&self) -> Result<u64> {
+        self.bounded(async {
+            let res = sqlx::query(
+                "UPDATE deliveries SET state = 'pending', lease_expires = NULL, worker_id = NULL, \
+                 updated_at = now() WHERE state = 'inflight' AND lease_expires <= now()",
+            )
+            .execute(&self.pool)
+            .await
+            .map_err(map)?;
+            Ok(res.rows_affected())
+        })
+        .await
+    }
+
+    // --- reading -------------------------------------------------------------
+
+    async fn get_delivery(&self, id: &DeliveryId) -> Result<DeliveryDetail> {
+        self.bounded(async {
+            let mut tx = begin_snapshot(self).await?;
+            let row = sqlx::query(concat!(
+                "SELECT ",
+                delivery_cols!(),
+                " FROM deliveries d WHERE d.delivery_id = $1"
+            ))
+            .bind(id.as_uuid())
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map)?
+            .ok_or(StoreError::NotFound)?;
+            let attempts = attempts_of(&mut *tx, &[*id.as_uuid()]).await?;
+            commit(tx).await?;
+            details(std::slice::from_ref(&row), attempts)?
+                .pop()
+                .ok_or(StoreError::NotFound)
+        })
+        .await
+    }
+
+    async fn list_deliveries(&self, query: &DeliveryQuery) -> Result<Vec<DeliveryDetail>> {
+        self.bounded(async {
+            let mut tx = begin_snapshot(self).await?;
+            let rows = sqlx::query(concat!(
+                "SELECT ",
+                delivery_cols!(),
+                " FROM deliveries d WHERE ($1::uuid IS NULL OR d.sub_id = $1) \
+                 AND ($2::uuid IS NULL OR d.event_id = $2) \
+                 AND ($3::text IS NULL OR d.state = $3) \
+                 AND ($4::timestamptz IS NULL OR d.created_at >= $4) \
+                 AND ($5::timestamptz IS NULL OR d.created_at < $5) \
+                 AND ($6::text IS NULL OR d.event_type = $6) \
+                 AND ($7::uuid IS NULL OR d.delivery_id < $7) \
+                 ORDER BY d.delivery_id DESC LIMIT $8"
+            ))
+            .bind(query.sub_id.as_ref().map(SubscriptionId::as_uuid))
+            .bind(query.event_id.as_ref().map(EventId::as_uuid))
+            .bind(query.state.map(|s| s.as_str()))
+            .bind(query.since)
+            .bind(query.until)
+            .bind(query.event_type.as_ref().map(|t| t.as_str()))
+            .bind(query.cursor.as_ref().map(DeliveryId::as_uuid))
+            .bind(i64::from(query.limit))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(map)?;
+            let ids: Vec<Uuid> = rows
+                .iter()
+                .map(|r| r.try_get::<Uuid, _>("d_delivery_id").map_err(map))
+                .collect::<Result<_>>()?;
+            let attempts = attempts_of(&mut *tx, &ids).await?;
+            commit(tx).await?;
+            details(&rows, attempts)
+        })
+        .await
+    }
+
+    // --- tokens ----------------------------------------------------------------
+
+    async fn create_token(&self, token: NewToken) -> Result<()> {
+        self.bounded(async {
+            sqlx::query("INSERT INTO tokens (token_hash, customer_id, label) VALUES ($1, $2, $3)")
+                .bind(&token.token_hash)
+                .bind(token.customer_id.as_ref().map(CustomerId::as_str))
+                .bind(token.label.as_deref())
+                .execute(&self.pool)
+                .await
+                .map_err(map)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn find_token(&self, token_hash: &[u8]) -> Result<Option<TokenScope>> {
+        self.bounded(async {
+            let row = sqlx::query("SELECT customer_id FROM tokens WHERE token_hash = $1")
+                .bind(token_hash)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(map)?;
+            let Some(row) = row else { return Ok(None) };
+            let customer: Option<String> = row.try_get("customer_id").map_err(map)?;
+            Ok(Some(match customer {
+                None => TokenScope::Admin,
+                Some(c) => TokenScope::Customer(
+                    CustomerId::parse(&c)
+                        .map_err(|e| StoreError::Corrupt(format!("token customer_id: {e}")))?,
+                ),
+            }))
+        })
+        .await
+    }
+
+    async fn has_admin_token(&self) -> Result<bool> {
+        self.bounded(async {
+            let row = sqlx::query(
+                "SELECT EXISTS (SELECT 1 FROM tokens WHERE customer_id IS NULL) AS found",
+            )
+            .fetch_one(&self.pool)
+            .await
+            .map_err(map)?;
+            row.try_get("found").map_err(map)
+        })
+        .await
+    }
+}
