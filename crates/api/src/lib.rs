@@ -1,1 +1,179 @@
-//! placeholder
+//! hookd's HTTP API: the front door of the outbox.
+//!
+//! `POST /events` validates an event, matches it against the cached fan-out
+//! index, and hands the event and its deliveries to [`Store::accept_event`]
+//! in one transaction; it answers `202` only after that commit, then wakes the
+//! dispatcher. The other routes manage subscriptions and read events and
+//! deliveries.
+//!
+//! # Layout
+//! - [`router`] and [`serve`]: the routes, and running them until shutdown.
+//! - [`AppState`], [`ApiConfig`]: what every handler shares.
+//! - [`ApiError`]: every failure, rendered once as
+//!   `{"error":{"code","message"}}` with a stable `code`.
+//! - `auth`: bearer tokens (SHA-256, admin hash, store lookup, short cache)
+//!   and the customer scoping rule: another customer's record is `404`.
+//! - `extract`: JSON, query and path extractors that fail only with
+//!   [`ApiError`], naming the field or parameter at fault.
+//! - `fanout`: the in-memory fan-out index, rebuilt when the store's
+//!   subscription generation moves.
+//! - `subscriptions`, `events`, `deliveries`: the handlers and their JSON
+//!   shapes.
+//!
+//! # What this crate must not do
+//! Name a storage backend (it sees only `Arc<dyn Store>`), write SQL, send
+//! webhooks, or answer `202` for an event before the store has committed it.
+//! It never panics on input: every malformed request is a 4xx.
+#![warn(missing_docs)]
+
+mod auth;
+mod deliveries;
+mod error;
+mod events;
+mod extract;
+mod fanout;
+mod subscriptions;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::routing::get;
+use hookd_domain::destination::DestinationPolicy;
+use hookd_store::Store;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+pub use auth::hash_token;
+pub use error::ApiError;
+
+/// The largest event payload accepted by default (256 KiB).
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 256 * 1024;
+/// The largest request body accepted by default (1 MiB).
+pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
+
+/// The API's own settings, handed over by the binary.
+#[derive(Debug, Clone)]
+pub struct ApiConfig {
+    /// Whether subscription URLs may point at private addresses.
+    pub destination_policy: DestinationPolicy,
+    /// SHA-256 of the admin token given in configuration, if any. Tokens
+    /// stored in the store are honoured as well.
+    pub admin_token_hash: Option<[u8; 32]>,
+    /// The largest event payload, in bytes (its JSON text as sent).
+    pub max_payload_bytes: usize,
+    /// The largest request body, in bytes.
+    pub max_body_bytes: usize,
+}
+
+impl ApiConfig {
+    /// A config with the documented limits (256 KiB payloads, 1 MiB bodies)
+    /// and no configured admin token.
+    pub fn new(destination_policy: DestinationPolicy) -> Self {
+        Self {
+            destination_policy,
+            admin_token_hash: None,
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+        }
+    }
+}
+
+/// What every handler shares. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    store: Arc<dyn Store>,
+    config: ApiConfig,
+    fanout: fanout::FanoutCache,
+    tokens: auth::TokenCache,
+    /// Notified after each accepted event so the dispatcher wakes at once
+    /// instead of at its next poll.
+    wake: Arc<Notify>,
+}
+
+impl AppState {
+    /// Builds the state. `wake` is the dispatcher's: ingest calls
+    /// `notify_one()` on it after each commit that created deliveries.
+    pub fn new(store: Arc<dyn Store>, config: ApiConfig, wake: Arc<Notify>) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                config,
+                fanout: fanout::FanoutCache::default(),
+                tokens: auth::TokenCache::default(),
+                wake,
+            }),
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &dyn Store {
+        self.inner.store.as_ref()
+    }
+
+    /// The config.
+    pub fn config(&self) -> &ApiConfig {
+        &self.inner.config
+    }
+
+    /// The dispatcher's wake-up signal.
+    pub fn wake(&self) -> &Arc<Notify> {
+        &self.inner.wake
+    }
+
+    /// Brings the fan-out index up to date after a subscription write. A
+    /// failure is only logged: the write has committed, and ingest checks the
+    /// generation again before it matches anything.
+    async fn refresh_fanout(&self) {
+        if let Err(e) = self.inner.fanout.rebuild(self.store()).await {
+            tracing::warn!(error = %error::chain(&e), "could not refresh the fan-out index after a subscription write");
+        }
+    }
+}
+
+/// The API's routes. Every route except `/healthz` needs a bearer token.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route(
+            "/subscriptions",
+            get(subscriptions::list).post(subscriptions::create),
+        )
+        .route(
+            "/subscriptions/{id}",
+            get(subscriptions::get)
+                .patch(subscriptions::update)
+                .delete(subscriptions::delete),
+        )
+        .route(
+            "/subscriptions/{id}/deliveries",
+            get(deliveries::list_for_subscription),
+        )
+        .route("/events", axum::routing::post(events::create))
+        .route("/events/{id}", get(events::get))
+        .route("/deliveries/{id}", get(deliveries::get))
+        .fallback(|| async { ApiError::NotFound("no such route".into()) })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .with_state(state)
+}
+
+async fn healthz() -> axum::Json<serde_json::Value> {
+    axum::Json(serde_json::json!({ "status": "ok" }))
+}
+
+/// Serves `router` on `listener` until `shutdown` is cancelled, then stops
+/// accepting connections and lets requests in flight finish.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+}

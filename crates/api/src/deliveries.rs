@@ -1,0 +1,168 @@
+//! Reading deliveries: one subscription's, filtered and paged, or one by id.
+//!
+//! A delivery belongs to its subscription's customer; a customer token sees
+//! a delivery only through a subscription it can see.
+
+use axum::Json;
+use axum::extract::State;
+use hookd_domain::delivery::{DeliveryState, ErrorClass};
+use hookd_domain::event_type::EventType;
+use hookd_domain::{DeliveryId, EventId, SubscriptionId, Timestamp};
+use hookd_store::{Attempt, DeliveryDetail, DeliveryQuery, StoreError};
+use serde::Serialize;
+
+use crate::AppState;
+use crate::auth::Caller;
+use crate::error::ApiError;
+use crate::extract::{IdPath, QueryParams, from_str, take_limit};
+use crate::subscriptions::visible;
+
+/// Page size when `limit` is not given.
+const DEFAULT_LIMIT: u32 = 50;
+/// The largest page a client may ask for.
+const MAX_LIMIT: u32 = 250;
+
+/// A delivery as the API shows it, with its attempts (oldest first).
+#[derive(Debug, Serialize)]
+pub(crate) struct DeliveryView {
+    delivery_id: DeliveryId,
+    event_id: EventId,
+    sub_id: SubscriptionId,
+    event_type: EventType,
+    destination_host: String,
+    state: DeliveryState,
+    attempt: u32,
+    /// `null` once the delivery is final: no attempt is scheduled.
+    next_attempt_at: Option<Timestamp>,
+    last_status: Option<u16>,
+    last_error: Option<String>,
+    created_at: Timestamp,
+    updated_at: Timestamp,
+    attempts: Vec<AttemptView>,
+}
+
+#[derive(Debug, Serialize)]
+struct AttemptView {
+    number: u32,
+    started_at: Timestamp,
+    duration_ms: u64,
+    status: Option<u16>,
+    error_class: Option<ErrorClass>,
+    response_snippet: Option<String>,
+}
+
+impl From<Attempt> for AttemptView {
+    fn from(a: Attempt) -> Self {
+        Self {
+            number: a.number,
+            started_at: a.started_at,
+            duration_ms: u64::try_from(a.duration.as_millis()).unwrap_or(u64::MAX),
+            status: a.status,
+            error_class: a.error_class,
+            response_snippet: a.response_snippet,
+        }
+    }
+}
+
+impl From<DeliveryDetail> for DeliveryView {
+    fn from(d: DeliveryDetail) -> Self {
+        let DeliveryDetail {
+            delivery: x,
+            attempts,
+        } = d;
+        Self {
+            delivery_id: x.id,
+            event_id: x.event_id,
+            sub_id: x.sub_id,
+            event_type: x.event_type,
+            destination_host: x.destination_host,
+            state: x.state,
+            attempt: x.attempt,
+            next_attempt_at: (!x.state.is_final()).then_some(x.next_attempt_at),
+            last_status: x.last_status,
+            last_error: x.last_error,
+            created_at: x.created_at,
+            updated_at: x.updated_at,
+            attempts: attempts.into_iter().map(AttemptView::from).collect(),
+        }
+    }
+}
+
+/// The response to a delivery listing.
+#[derive(Debug, Serialize)]
+struct Page {
+    data: Vec<DeliveryView>,
+    next_cursor: Option<DeliveryId>,
+}
+
+fn parse_time(s: &str) -> Result<Timestamp, String> {
+    chrono::DateTime::parse_from_rfc3339(s)
+        .map(|t| t.to_utc())
+        .map_err(|e| format!("must be an RFC 3339 timestamp ({e})"))
+}
+
+/// `GET /subscriptions/{id}/deliveries`.
+pub(crate) async fn list_for_subscription(
+    State(state): State<AppState>,
+    caller: Caller,
+    IdPath(sub_id): IdPath<SubscriptionId>,
+    mut q: QueryParams,
+) -> Result<Json<impl Serialize>, ApiError> {
+    let status = q.take_parsed("status", |s| {
+        DeliveryState::parse(s)
+            .ok_or_else(|| "must be one of pending, inflight, delivered, failed, dead".to_owned())
+    })?;
+    let since = q.take_parsed("since", parse_time)?;
+    let until = q.take_parsed("until", parse_time)?;
+    let event_type = q.take_parsed("event_type", |s| {
+        EventType::parse(s).map_err(|e| e.to_string())
+    })?;
+    let cursor = q.take_parsed("cursor", from_str::<DeliveryId>)?;
+    let limit = take_limit(&mut q, DEFAULT_LIMIT, MAX_LIMIT)?;
+    q.finish()?;
+    visible(&state, &caller, &sub_id).await?;
+    let query = DeliveryQuery {
+        sub_id: Some(sub_id),
+        event_id: None,
+        state: status,
+        since,
+        until,
+        event_type,
+        cursor,
+        limit: limit + 1,
+    };
+    let mut found = state.store().list_deliveries(&query).await?;
+    let next_cursor = if found.len() > limit as usize {
+        found.truncate(limit as usize);
+        found.last().map(|d| d.delivery.id)
+    } else {
+        None
+    };
+    Ok(Json(Page {
+        data: found.into_iter().map(DeliveryView::from).collect(),
+        next_cursor,
+    }))
+}
+
+/// `GET /deliveries/{id}`.
+pub(crate) async fn get(
+    State(state): State<AppState>,
+    caller: Caller,
+    IdPath(id): IdPath<DeliveryId>,
+) -> Result<Json<DeliveryView>, ApiError> {
+    let not_found = || ApiError::not_found("delivery");
+    let detail = state.store().get_delivery(&id).await.map_err(|e| match e {
+        StoreError::NotFound => not_found(),
+        e => e.into(),
+    })?;
+    if caller.customer().is_some() {
+        // Ownership is the subscription's; a deleted or foreign one hides it.
+        visible(&state, &caller, &detail.delivery.sub_id)
+            .await
+            .map_err(|e| match e {
+                ApiError::NotFound(_) => not_found(),
+                e => e,
+            })?;
+    }
+    Ok(Json(detail.into()))
+}

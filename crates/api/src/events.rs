@@ -1,0 +1,157 @@
+//! `/events`: ingest (the outbox's front door) and reading an event back.
+//!
+//! Ingest answers `202` only after [`Store::accept_event`] has committed the
+//! event and all its deliveries in one transaction: the status is the
+//! promise that the event will be delivered (design §3, §7).
+//!
+//! [`Store::accept_event`]: hookd_store::Store::accept_event
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use hookd_domain::event_type::EventType;
+use hookd_domain::{CustomerId, DeliveryId, EventId, Timestamp};
+use hookd_store::{DeliveryQuery, NewDelivery, NewEvent, StoreError};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::AppState;
+use crate::auth::Caller;
+use crate::deliveries::DeliveryView;
+use crate::error::ApiError;
+use crate::extract::{IdPath, JsonBody};
+use crate::subscriptions::owner_for;
+
+/// The longest idempotency key accepted, in characters.
+const MAX_IDEMPOTENCY_KEY_CHARS: usize = 255;
+
+/// How many deliveries `GET /events/{id}` lists at most. An event matches
+/// at most as many subscriptions as exist; past this the list is cut.
+const MAX_EVENT_DELIVERIES: u32 = 1000;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CreateEvent {
+    #[serde(rename = "type")]
+    event_type: String,
+    /// Kept as the producer's exact text, so what we deliver is byte-for-byte
+    /// what was sent (signatures are over those bytes).
+    payload: Box<RawValue>,
+    #[serde(default)]
+    idempotency_key: Option<String>,
+    #[serde(default)]
+    customer_id: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct AcceptedView {
+    event_id: EventId,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct EventView {
+    event_id: EventId,
+    #[serde(rename = "type")]
+    event_type: EventType,
+    payload: Box<RawValue>,
+    idempotency_key: Option<String>,
+    customer_id: Option<CustomerId>,
+    created_at: Timestamp,
+    deliveries: Vec<DeliveryView>,
+}
+
+/// `POST /events`.
+pub(crate) async fn create(
+    State(state): State<AppState>,
+    caller: Caller,
+    JsonBody(req): JsonBody<CreateEvent>,
+) -> Result<(StatusCode, Json<impl Serialize>), ApiError> {
+    let event_type = EventType::parse(&req.event_type).map_err(|e| ApiError::invalid("type", e))?;
+    let payload = req.payload.get();
+    let limit = state.config().max_payload_bytes;
+    if payload.len() > limit {
+        return Err(ApiError::PayloadTooLarge(format!(
+            "payload is larger than the limit of {limit} bytes"
+        )));
+    }
+    if let Some(key) = &req.idempotency_key {
+        let n = key.chars().count();
+        if n == 0 || n > MAX_IDEMPOTENCY_KEY_CHARS {
+            return Err(ApiError::invalid(
+                "idempotency_key",
+                format!("must be 1 to {MAX_IDEMPOTENCY_KEY_CHARS} characters"),
+            ));
+        }
+    }
+    let customer_id = owner_for(&caller, req.customer_id.as_deref())?;
+
+    let built = state.inner.fanout.current(state.store()).await?;
+    let deliveries: Vec<NewDelivery> = built
+        .index
+        .matches(&event_type, customer_id.as_ref())
+        .into_iter()
+        .map(|t| NewDelivery {
+            id: DeliveryId::new(),
+            sub_id: t.sub_id,
+            destination_host: t.destination_host.to_string(),
+        })
+        .collect();
+    let fanout = deliveries.len();
+    let event = NewEvent {
+        id: EventId::new(),
+        event_type,
+        payload: payload.to_owned(),
+        idempotency_key: req.idempotency_key,
+        customer_id,
+    };
+    let accepted = state.store().accept_event(event, deliveries).await?;
+    if accepted.duplicate {
+        tracing::debug!(event_id = %accepted.event_id, "repeated idempotency key; event already accepted");
+    } else {
+        tracing::debug!(event_id = %accepted.event_id, deliveries = fanout, "event accepted");
+        if fanout > 0 {
+            state.wake().notify_one();
+        }
+    }
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(AcceptedView {
+            event_id: accepted.event_id,
+        }),
+    ))
+}
+
+/// `GET /events/{id}`.
+pub(crate) async fn get(
+    State(state): State<AppState>,
+    caller: Caller,
+    IdPath(id): IdPath<EventId>,
+) -> Result<Json<EventView>, ApiError> {
+    let not_found = || ApiError::not_found("event");
+    let event = state.store().get_event(&id).await.map_err(|e| match e {
+        StoreError::NotFound => not_found(),
+        e => e.into(),
+    })?;
+    if !caller.can_see(event.customer_id.as_ref()) {
+        return Err(not_found());
+    }
+    let query = DeliveryQuery {
+        event_id: Some(id),
+        limit: MAX_EVENT_DELIVERIES,
+        ..Default::default()
+    };
+    let deliveries = state.store().list_deliveries(&query).await?;
+    // A stored payload that is not JSON is a corrupt record, not the caller's
+    // mistake; ApiError logs the chain.
+    let payload =
+        RawValue::from_string(event.payload).map_err(|e| ApiError::Internal(Box::new(e)))?;
+    Ok(Json(EventView {
+        event_id: event.id,
+        event_type: event.event_type,
+        payload,
+        idempotency_key: event.idempotency_key,
+        customer_id: event.customer_id,
+        created_at: event.created_at,
+        deliveries: deliveries.into_iter().map(DeliveryView::from).collect(),
+    }))
+}
