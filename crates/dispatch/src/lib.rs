@@ -1,1 +1,92 @@
-//! placeholder
+//! hookd's dispatcher: the loop that turns pending deliveries into attempts.
+//!
+//! One pass: ask the store which destinations have due work
+//! ([`claim`]), ask [`admission`] how many attempts each may take now, claim
+//! that many under a lease, then for each claimed delivery sign and send it
+//! ([`send`]), decide its next state from the pure domain rules
+//! ([`record`]), and record the attempt conditional on the lease.
+//!
+//! # What this crate must not do
+//! Name a storage backend (it sees only `dyn Store`), hold per-destination
+//! state in statics, or make a decision that belongs in `hookd-domain`.
+#![warn(missing_docs)]
+
+pub mod admission;
+mod claim;
+pub mod record;
+pub mod send;
+
+use std::time::Duration;
+
+use hookd_domain::retry::RetrySchedule;
+
+pub use claim::Dispatcher;
+
+/// Everything the dispatcher needs to be told. Built by the binary from its
+/// configuration; every field is explicit because none has an honest
+/// default that fits every deployment.
+#[derive(Debug, Clone)]
+pub struct DispatchConfig {
+    /// Recorded on claimed rows, so an operator can see who holds what.
+    pub worker_id: String,
+    /// How long a claim is owned before another worker may take it.
+    /// Must exceed `attempt_timeout`, so a live attempt never loses its lease.
+    pub lease: Duration,
+    /// The one deadline for a whole exchange: connect, headers, body.
+    pub attempt_timeout: Duration,
+    /// How often a running attempt renews its lease.
+    pub renew_every: Duration,
+    /// Attempts in flight at once in this process, across all destinations.
+    pub max_in_flight: usize,
+    /// Attempts in flight at once per destination host (design §6, layer 1).
+    pub host_concurrency: u32,
+    /// How long to wait for new work when a pass found none and nothing
+    /// woke the dispatcher.
+    pub poll_interval: Duration,
+    /// How often this worker returns expired leases to `pending`.
+    pub reclaim_every: Duration,
+    /// On shutdown, how long in-flight attempts may take to finish before
+    /// they are cut off and their deliveries released.
+    pub shutdown_grace: Duration,
+    /// The server-wide retry defaults; subscriptions override them.
+    pub retry: RetrySchedule,
+    /// Most response-body bytes read per attempt.
+    pub max_response_bytes: usize,
+}
+
+impl DispatchConfig {
+    /// The design's values (§7): lease 90 s, timeout 30 s, renewal every 30 s,
+    /// 20 in flight per host.
+    pub fn standard(worker_id: String) -> Self {
+        Self {
+            worker_id,
+            lease: Duration::from_secs(90),
+            attempt_timeout: Duration::from_secs(30),
+            renew_every: Duration::from_secs(30),
+            max_in_flight: 1024,
+            host_concurrency: 20,
+            poll_interval: Duration::from_millis(500),
+            reclaim_every: Duration::from_secs(5),
+            shutdown_grace: Duration::from_secs(10),
+            retry: RetrySchedule::default(),
+            max_response_bytes: 64 * 1024,
+        }
+    }
+
+    /// Checks the invariants between values.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.attempt_timeout >= self.lease {
+            return Err(format!(
+                "the attempt timeout ({:?}) must be shorter than the lease ({:?}), or a live attempt could lose its delivery to another worker",
+                self.attempt_timeout, self.lease
+            ));
+        }
+        if self.renew_every.is_zero() || self.renew_every >= self.lease {
+            return Err("lease renewal must be more frequent than the lease".into());
+        }
+        if self.max_in_flight == 0 || self.host_concurrency == 0 {
+            return Err("concurrency limits must be at least 1".into());
+        }
+        Ok(())
+    }
+}

@@ -46,7 +46,9 @@ pub fn classify(result: AttemptResult, retryable_statuses: &[u16]) -> Verdict {
             200..=299 => Verdict::Delivered,
             410 => Verdict::Gone,
             429 | 503 => Verdict::Retry { retry_after },
-            400..=499 if ALWAYS_RETRYABLE_4XX.contains(&code) || retryable_statuses.contains(&code) => {
+            400..=499
+                if ALWAYS_RETRYABLE_4XX.contains(&code) || retryable_statuses.contains(&code) =>
+            {
                 Verdict::Retry { retry_after: None }
             }
             500..=599 => Verdict::Retry { retry_after: None },
@@ -54,7 +56,9 @@ pub fn classify(result: AttemptResult, retryable_statuses: &[u16]) -> Verdict {
             // and anything outside the defined range.
             _ => Verdict::Fail,
         },
-        AttemptResult::Error(ErrorClass::Redirect | ErrorClass::ForbiddenDestination) => Verdict::Fail,
+        AttemptResult::Error(ErrorClass::Redirect | ErrorClass::ForbiddenDestination) => {
+            Verdict::Fail
+        }
         AttemptResult::Error(_) => Verdict::Retry { retry_after: None },
     }
 }
@@ -64,7 +68,10 @@ mod tests {
     use super::*;
 
     fn status(code: u16) -> AttemptResult {
-        AttemptResult::Status { code, retry_after: None }
+        AttemptResult::Status {
+            code,
+            retry_after: None,
+        }
     }
 
     #[test]
@@ -98,7 +105,11 @@ mod tests {
             (AttemptResult::Error(ErrorClass::Tls), &[], retry),
             (AttemptResult::Error(ErrorClass::Other), &[], retry),
             (AttemptResult::Error(ErrorClass::Redirect), &[], Fail),
-            (AttemptResult::Error(ErrorClass::ForbiddenDestination), &[], Fail),
+            (
+                AttemptResult::Error(ErrorClass::ForbiddenDestination),
+                &[],
+                Fail,
+            ),
         ];
         for (result, extra, want) in table {
             assert_eq!(classify(*result, extra), *want, "{result:?} with {extra:?}");
@@ -109,8 +120,26 @@ mod tests {
     fn retry_after_is_kept_only_for_429_and_503() {
         let ra = Some(Duration::from_secs(5));
         for code in [429, 503] {
-            assert_eq!(classify(AttemptResult::Status { code, retry_after: ra }, &[]), Verdict::Retry { retry_after: ra });
+            assert_eq!(
+                classify(
+                    AttemptResult::Status {
+                        code,
+                        retry_after: ra
+                    },
+                    &[]
+                ),
+                Verdict::Retry { retry_after: ra }
+            );
         }
-        assert_eq!(classify(AttemptResult::Status { code: 500, retry_after: ra }, &[]), Verdict::Retry { retry_after: None });
+        assert_eq!(
+            classify(
+                AttemptResult::Status {
+                    code: 500,
+                    retry_after: ra
+                },
+                &[]
+            ),
+            Verdict::Retry { retry_after: None }
+        );
     }
 }

@@ -23,7 +23,13 @@ pub enum DeliveryState {
 
 impl DeliveryState {
     /// Every state, in lifecycle order.
-    pub const ALL: [Self; 5] = [Self::Pending, Self::Inflight, Self::Delivered, Self::Failed, Self::Dead];
+    pub const ALL: [Self; 5] = [
+        Self::Pending,
+        Self::Inflight,
+        Self::Delivered,
+        Self::Failed,
+        Self::Dead,
+    ];
 
     /// The name used in the store and the API.
     pub fn as_str(self) -> &'static str {

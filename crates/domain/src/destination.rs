@@ -29,7 +29,9 @@ pub enum InvalidDestination {
     #[error("url must not carry credentials (user:password@)")]
     Credentials,
     /// A loopback, private, link-local or otherwise non-public address.
-    #[error("url points at a non-public address ({0}); hookd refuses private destinations unless started with --allow-private-destinations")]
+    #[error(
+        "url points at a non-public address ({0}); hookd refuses private destinations unless started with --allow-private-destinations"
+    )]
     Forbidden(String),
 }
 
@@ -57,7 +59,9 @@ impl DestinationUrl {
         }
         let url = Url::parse(s).map_err(|e| InvalidDestination::Malformed(e.to_string()))?;
         if !matches!(url.scheme(), "http" | "https") {
-            return Err(InvalidDestination::Scheme(url.scheme().chars().take(32).collect()));
+            return Err(InvalidDestination::Scheme(
+                url.scheme().chars().take(32).collect(),
+            ));
         }
         if !url.username().is_empty() || url.password().is_some() {
             return Err(InvalidDestination::Credentials);
@@ -140,7 +144,12 @@ fn is_forbidden_v6(ip: Ipv6Addr) -> bool {
     let seg = ip.segments();
     // IPv4-compatible ::a.b.c.d (deprecated) and NAT64 64:ff9b::/96.
     if seg[..6] == [0, 0, 0, 0, 0, 0] || seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
-        let v4 = Ipv4Addr::new((seg[6] >> 8) as u8, seg[6] as u8, (seg[7] >> 8) as u8, seg[7] as u8);
+        let v4 = Ipv4Addr::new(
+            (seg[6] >> 8) as u8,
+            seg[6] as u8,
+            (seg[7] >> 8) as u8,
+            seg[7] as u8,
+        );
         return ip.is_loopback() || ip.is_unspecified() || is_forbidden_v4(v4);
     }
     ip.is_loopback()
@@ -160,7 +169,11 @@ mod tests {
 
     #[test]
     fn hosts_are_lower_case_without_port() {
-        let d = DestinationUrl::parse("https://Hooks.Example.COM:8443/a?b=1", DestinationPolicy::PublicOnly).unwrap();
+        let d = DestinationUrl::parse(
+            "https://Hooks.Example.COM:8443/a?b=1",
+            DestinationPolicy::PublicOnly,
+        )
+        .unwrap();
         assert_eq!(d.host(), "hooks.example.com");
     }
 
@@ -168,10 +181,22 @@ mod tests {
     fn bad_urls_are_refused_with_a_reason() {
         use InvalidDestination::*;
         let p = DestinationPolicy::PublicOnly;
-        assert!(matches!(DestinationUrl::parse("ftp://x.com/", p), Err(Scheme(_))));
-        assert!(matches!(DestinationUrl::parse("not a url", p), Err(Malformed(_))));
-        assert!(matches!(DestinationUrl::parse("https://u:p@x.com/", p), Err(Credentials)));
-        assert!(matches!(DestinationUrl::parse(&format!("https://x.com/{}", "a".repeat(3000)), p), Err(TooLong)));
+        assert!(matches!(
+            DestinationUrl::parse("ftp://x.com/", p),
+            Err(Scheme(_))
+        ));
+        assert!(matches!(
+            DestinationUrl::parse("not a url", p),
+            Err(Malformed(_))
+        ));
+        assert!(matches!(
+            DestinationUrl::parse("https://u:p@x.com/", p),
+            Err(Credentials)
+        ));
+        assert!(matches!(
+            DestinationUrl::parse(&format!("https://x.com/{}", "a".repeat(3000)), p),
+            Err(TooLong)
+        ));
     }
 
     #[test]
@@ -196,11 +221,19 @@ mod tests {
             "http://localhost:8080/",
         ] {
             assert!(
-                matches!(DestinationUrl::parse(url, DestinationPolicy::PublicOnly), Err(InvalidDestination::Forbidden(_))),
+                matches!(
+                    DestinationUrl::parse(url, DestinationPolicy::PublicOnly),
+                    Err(InvalidDestination::Forbidden(_))
+                ),
                 "{url}"
             );
-            assert!(DestinationUrl::parse(url, DestinationPolicy::AllowPrivate).is_ok(), "{url}");
+            assert!(
+                DestinationUrl::parse(url, DestinationPolicy::AllowPrivate).is_ok(),
+                "{url}"
+            );
         }
-        assert!(DestinationUrl::parse("http://93.184.216.34/", DestinationPolicy::PublicOnly).is_ok());
+        assert!(
+            DestinationUrl::parse("http://93.184.216.34/", DestinationPolicy::PublicOnly).is_ok()
+        );
     }
 }

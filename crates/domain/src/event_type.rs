@@ -17,12 +17,16 @@ pub enum InvalidEventType {
     )]
     Grammar(String),
     /// A `*` anywhere but as the whole last segment.
-    #[error("`{0}` is not a valid pattern: '*' may only stand alone as the last segment (`invoice.*` or `*`)")]
+    #[error(
+        "`{0}` is not a valid pattern: '*' may only stand alone as the last segment (`invoice.*` or `*`)"
+    )]
     Wildcard(String),
 }
 
 fn valid_segment(s: &str) -> bool {
-    !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 fn valid_name(s: &str) -> bool {
@@ -41,7 +45,11 @@ pub struct EventType(String);
 impl EventType {
     /// Parses an event type name.
     pub fn parse(s: &str) -> Result<Self, InvalidEventType> {
-        if valid_name(s) { Ok(Self(s.to_owned())) } else { Err(InvalidEventType::Grammar(shorten(s))) }
+        if valid_name(s) {
+            Ok(Self(s.to_owned()))
+        } else {
+            Err(InvalidEventType::Grammar(shorten(s)))
+        }
     }
 
     /// The name.
@@ -81,10 +89,11 @@ impl EventTypePattern {
         if s == "*" {
             return Ok(Self::All);
         }
-        if let Some(prefix) = s.strip_suffix(".*") {
-            if valid_name(prefix) && s.len() <= MAX_EVENT_TYPE_LEN {
-                return Ok(Self::Prefix(format!("{prefix}.")));
-            }
+        if let Some(prefix) = s.strip_suffix(".*")
+            && valid_name(prefix)
+            && s.len() <= MAX_EVENT_TYPE_LEN
+        {
+            return Ok(Self::Prefix(format!("{prefix}.")));
         }
         if s.contains('*') {
             return Err(InvalidEventType::Wildcard(shorten(s)));

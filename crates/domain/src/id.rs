@@ -131,8 +131,13 @@ impl CustomerId {
     pub fn parse(s: &str) -> Result<Self, InvalidCustomerId> {
         let ok = !s.is_empty()
             && s.len() <= Self::MAX_LEN
-            && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'));
-        if ok { Ok(Self(s.to_owned())) } else { Err(InvalidCustomerId) }
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'));
+        if ok {
+            Ok(Self(s.to_owned()))
+        } else {
+            Err(InvalidCustomerId)
+        }
     }
 
     /// The id as a string.

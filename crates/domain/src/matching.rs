@@ -31,7 +31,9 @@ pub struct SubscriptionIndex {
 
 impl SubscriptionIndex {
     /// Builds the index from `(target, patterns)` pairs.
-    pub fn build<'a>(subs: impl IntoIterator<Item = (FanoutTarget, &'a [EventTypePattern])>) -> Self {
+    pub fn build<'a>(
+        subs: impl IntoIterator<Item = (FanoutTarget, &'a [EventTypePattern])>,
+    ) -> Self {
         let mut idx = Self::default();
         for (target, patterns) in subs {
             let target = Arc::new(target);
@@ -41,8 +43,16 @@ impl SubscriptionIndex {
             for p in patterns {
                 match p {
                     EventTypePattern::All => idx.all.push(target.clone()),
-                    EventTypePattern::Prefix(pre) => idx.prefix.entry(pre.clone()).or_default().push(target.clone()),
-                    EventTypePattern::Exact(t) => idx.exact.entry(t.as_str().to_owned()).or_default().push(target.clone()),
+                    EventTypePattern::Prefix(pre) => idx
+                        .prefix
+                        .entry(pre.clone())
+                        .or_default()
+                        .push(target.clone()),
+                    EventTypePattern::Exact(t) => idx
+                        .exact
+                        .entry(t.as_str().to_owned())
+                        .or_default()
+                        .push(target.clone()),
                 }
             }
         }
@@ -62,7 +72,11 @@ impl SubscriptionIndex {
     /// The subscriptions an event of type `event_type` goes to: those whose
     /// patterns match it and, when the event names a customer, only that
     /// customer's. Each subscription appears once, in a stable order.
-    pub fn matches(&self, event_type: &EventType, customer: Option<&CustomerId>) -> Vec<Arc<FanoutTarget>> {
+    pub fn matches(
+        &self,
+        event_type: &EventType,
+        customer: Option<&CustomerId>,
+    ) -> Vec<Arc<FanoutTarget>> {
         let name = event_type.as_str();
         let mut out: Vec<Arc<FanoutTarget>> = Vec::new();
         let mut push = |list: &Vec<Arc<FanoutTarget>>| {
@@ -77,15 +91,15 @@ impl SubscriptionIndex {
         }
         if !self.prefix.is_empty() {
             for (i, b) in name.bytes().enumerate() {
-                if b == b'.' {
-                    if let Some(list) = self.prefix.get(&name[..=i]) {
-                        push(list);
-                    }
+                if b == b'.'
+                    && let Some(list) = self.prefix.get(&name[..=i])
+                {
+                    push(list);
                 }
             }
         }
         push(&self.all);
-        out.sort_by(|a, b| a.sub_id.cmp(&b.sub_id));
+        out.sort_by_key(|t| t.sub_id);
         out.dedup_by(|a, b| a.sub_id == b.sub_id);
         out
     }
@@ -104,7 +118,9 @@ mod tests {
     }
 
     fn pats(ps: &[&str]) -> Vec<EventTypePattern> {
-        ps.iter().map(|p| EventTypePattern::parse(p).unwrap()).collect()
+        ps.iter()
+            .map(|p| EventTypePattern::parse(p).unwrap())
+            .collect()
     }
 
     fn ids(v: Vec<Arc<FanoutTarget>>) -> Vec<SubscriptionId> {
@@ -114,7 +130,12 @@ mod tests {
     #[test]
     fn exact_prefix_and_all_patterns_match_once_each() {
         let (a, b, c, d) = (target(None), target(None), target(None), target(None));
-        let (pa, pb, pc, pd) = (pats(&["invoice.paid"]), pats(&["invoice.*"]), pats(&["*", "invoice.paid"]), pats(&["user.*"]));
+        let (pa, pb, pc, pd) = (
+            pats(&["invoice.paid"]),
+            pats(&["invoice.*"]),
+            pats(&["*", "invoice.paid"]),
+            pats(&["user.*"]),
+        );
         let idx = SubscriptionIndex::build([
             (a.clone(), pa.as_slice()),
             (b.clone(), pb.as_slice()),
@@ -129,7 +150,10 @@ mod tests {
         let mut want = vec![b.sub_id, c.sub_id];
         want.sort();
         assert_eq!(got, want);
-        assert_eq!(ids(idx.matches(&EventType::parse("order").unwrap(), None)), vec![c.sub_id]);
+        assert_eq!(
+            ids(idx.matches(&EventType::parse("order").unwrap(), None)),
+            vec![c.sub_id]
+        );
     }
 
     #[test]

@@ -55,13 +55,17 @@ impl RetrySchedule {
     /// The upper bound of the delay after `attempts_made` failed attempts
     /// (`attempts_made ≥ 1`): `min(cap, base · 2^(attempts_made-1))`.
     pub fn backoff_bound(&self, attempts_made: u32) -> Duration {
-        let exp = attempts_made.saturating_sub(1).min(40);
-        self.base.saturating_mul(1u32 << exp.min(31)).saturating_mul(if exp > 31 { 1 << (exp - 31) } else { 1 }).min(self.cap)
+        // 2^31 × base already exceeds any sane cap; saturate beyond it.
+        let factor = 1u32
+            .checked_shl(attempts_made.saturating_sub(1))
+            .unwrap_or(u32::MAX);
+        self.base.saturating_mul(factor).min(self.cap)
     }
 
     /// The jittered delay: `unit` (in `[0, 1)`) of the backoff bound.
     pub fn jittered_delay(&self, attempts_made: u32, unit: f64) -> Duration {
-        self.backoff_bound(attempts_made).mul_f64(unit.clamp(0.0, 1.0))
+        self.backoff_bound(attempts_made)
+            .mul_f64(unit.clamp(0.0, 1.0))
     }
 
     /// Decides the next step after a retryable failure.
@@ -112,7 +116,12 @@ mod tests {
     fn bounds_double_from_base_and_stop_at_the_cap() {
         let s = RetrySchedule::default();
         let bounds: Vec<u64> = (1..=14).map(|n| s.backoff_bound(n).as_secs()).collect();
-        assert_eq!(bounds, [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 3600, 3600]);
+        assert_eq!(
+            bounds,
+            [
+                1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 3600, 3600
+            ]
+        );
         assert_eq!(s.backoff_bound(1000), Duration::from_secs(3600));
     }
 
@@ -133,16 +142,28 @@ mod tests {
 
     #[test]
     fn stops_at_max_attempts_and_at_max_age() {
-        let s = RetrySchedule { max_attempts: 3, ..Default::default() };
-        assert!(matches!(s.after_failure(2, t0(), t0(), None, 0.5), NextStep::RetryAt(_)));
+        let s = RetrySchedule {
+            max_attempts: 3,
+            ..Default::default()
+        };
+        assert!(matches!(
+            s.after_failure(2, t0(), t0(), None, 0.5),
+            NextStep::RetryAt(_)
+        ));
         assert_eq!(s.after_failure(3, t0(), t0(), None, 0.5), NextStep::Dead);
 
         let s = RetrySchedule::default();
         let day = chrono::Duration::hours(24);
-        assert_eq!(s.after_failure(5, t0(), t0() + day, None, 0.5), NextStep::Dead);
+        assert_eq!(
+            s.after_failure(5, t0(), t0() + day, None, 0.5),
+            NextStep::Dead
+        );
         // Just before the deadline, the retry is clamped to the deadline.
         let almost = t0() + day - chrono::Duration::seconds(10);
-        assert_eq!(s.after_failure(20, t0(), almost, None, 0.9), NextStep::RetryAt(t0() + day));
+        assert_eq!(
+            s.after_failure(20, t0(), almost, None, 0.9),
+            NextStep::RetryAt(t0() + day)
+        );
     }
 
     #[test]
@@ -152,12 +173,18 @@ mod tests {
         let at = s.after_failure(1, t0(), t0(), Some(Duration::from_secs(5)), 0.5);
         assert_eq!(at, NextStep::RetryAt(t0() + chrono::Duration::seconds(5)));
         // Shorter than the backoff: the backoff wins.
-        let s2 = RetrySchedule { base: Duration::from_secs(60), ..Default::default() };
+        let s2 = RetrySchedule {
+            base: Duration::from_secs(60),
+            ..Default::default()
+        };
         let at = s2.after_failure(1, t0(), t0(), Some(Duration::from_secs(1)), 0.5);
         assert_eq!(at, NextStep::RetryAt(t0() + chrono::Duration::seconds(30)));
         // Beyond the cap: capped.
         let at = s.after_failure(1, t0(), t0(), Some(Duration::from_secs(100_000)), 0.0);
-        assert_eq!(at, NextStep::RetryAt(t0() + chrono::Duration::seconds(3600)));
+        assert_eq!(
+            at,
+            NextStep::RetryAt(t0() + chrono::Duration::seconds(3600))
+        );
     }
 
     proptest! {

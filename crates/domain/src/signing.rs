@@ -45,7 +45,11 @@ impl SigningSecret {
     pub fn parse(s: &str) -> Result<Self, InvalidSecret> {
         let b64 = s.strip_prefix(SECRET_PREFIX).ok_or(InvalidSecret)?;
         let key = B64.decode(b64).map_err(|_| InvalidSecret)?;
-        if (MIN_KEY_LEN..=MAX_KEY_LEN).contains(&key.len()) { Ok(Self(key)) } else { Err(InvalidSecret) }
+        if (MIN_KEY_LEN..=MAX_KEY_LEN).contains(&key.len()) {
+            Ok(Self(key))
+        } else {
+            Err(InvalidSecret)
+        }
     }
 
     /// The text form, `whsec_<base64>`. Only for showing the secret to its
@@ -126,7 +130,11 @@ mod tests {
     #[test]
     fn signs_the_published_test_vector() {
         let secret = SigningSecret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
-        let sig = secret.sign("msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, br#"{"test": 2432232314}"#);
+        let sig = secret.sign(
+            "msg_p5jXN8AQM9LWM0D4loKWxJek",
+            1614265330,
+            br#"{"test": 2432232314}"#,
+        );
         assert_eq!(sig, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
     }
 

@@ -83,20 +83,57 @@ impl RetryPolicy {
             Some(v) if !(lo..=hi).contains(&v) => Err(InvalidRetryPolicy { field, reason }),
             _ => Ok(()),
         };
-        check("base_delay_secs", self.base_delay_secs, 1, 3_600, "must be between 1 and 3600")?;
-        check("max_delay_secs", self.max_delay_secs, 1, 86_400, "must be between 1 and 86400")?;
-        check("max_age_secs", self.max_age_secs, 60, 30 * 86_400, "must be between 60 and 2592000")?;
-        check("max_attempts", self.max_attempts.map(u64::from), 1, 1_000, "must be between 1 and 1000")?;
-        if self.retryable_statuses.iter().any(|s| !(400..=499).contains(s)) {
-            return Err(InvalidRetryPolicy { field: "retryable_statuses", reason: "may only list 4xx codes" });
+        check(
+            "base_delay_secs",
+            self.base_delay_secs,
+            1,
+            3_600,
+            "must be between 1 and 3600",
+        )?;
+        check(
+            "max_delay_secs",
+            self.max_delay_secs,
+            1,
+            86_400,
+            "must be between 1 and 86400",
+        )?;
+        check(
+            "max_age_secs",
+            self.max_age_secs,
+            60,
+            30 * 86_400,
+            "must be between 60 and 2592000",
+        )?;
+        check(
+            "max_attempts",
+            self.max_attempts.map(u64::from),
+            1,
+            1_000,
+            "must be between 1 and 1000",
+        )?;
+        if self
+            .retryable_statuses
+            .iter()
+            .any(|s| !(400..=499).contains(s))
+        {
+            return Err(InvalidRetryPolicy {
+                field: "retryable_statuses",
+                reason: "may only list 4xx codes",
+            });
         }
         if self.retryable_statuses.len() > 100 {
-            return Err(InvalidRetryPolicy { field: "retryable_statuses", reason: "may list at most 100 codes" });
+            return Err(InvalidRetryPolicy {
+                field: "retryable_statuses",
+                reason: "may list at most 100 codes",
+            });
         }
-        if let (Some(b), Some(m)) = (self.base_delay_secs, self.max_delay_secs) {
-            if b > m {
-                return Err(InvalidRetryPolicy { field: "base_delay_secs", reason: "must not exceed max_delay_secs" });
-            }
+        if let (Some(b), Some(m)) = (self.base_delay_secs, self.max_delay_secs)
+            && b > m
+        {
+            return Err(InvalidRetryPolicy {
+                field: "base_delay_secs",
+                reason: "must not exceed max_delay_secs",
+            });
         }
         Ok(())
     }
@@ -107,7 +144,11 @@ impl RetryPolicy {
         let base = self.base_delay_secs.map(secs).unwrap_or(defaults.base);
         RetrySchedule {
             base,
-            cap: self.max_delay_secs.map(secs).unwrap_or(defaults.cap).max(base),
+            cap: self
+                .max_delay_secs
+                .map(secs)
+                .unwrap_or(defaults.cap)
+                .max(base),
             max_age: self.max_age_secs.map(secs).unwrap_or(defaults.max_age),
             max_attempts: self.max_attempts.unwrap_or(defaults.max_attempts),
             retryable_statuses: if self.retryable_statuses.is_empty() {
@@ -132,8 +173,12 @@ pub struct SigningKeys {
 impl SigningKeys {
     /// The secrets live at `now`, current first.
     pub fn live(&self, now: Timestamp) -> impl Iterator<Item = &SigningSecret> {
-        std::iter::once(&self.current)
-            .chain(self.previous.as_ref().filter(|(_, until)| *until > now).map(|(s, _)| s))
+        std::iter::once(&self.current).chain(
+            self.previous
+                .as_ref()
+                .filter(|(_, until)| *until > now)
+                .map(|(s, _)| s),
+        )
     }
 }
 
@@ -170,15 +215,38 @@ mod tests {
 
     #[test]
     fn retry_policy_bounds_are_enforced() {
-        let ok = RetryPolicy { base_delay_secs: Some(2), max_attempts: Some(5), ..Default::default() };
+        let ok = RetryPolicy {
+            base_delay_secs: Some(2),
+            max_attempts: Some(5),
+            ..Default::default()
+        };
         assert!(ok.validate().is_ok());
         let bad = [
-            RetryPolicy { base_delay_secs: Some(0), ..Default::default() },
-            RetryPolicy { max_delay_secs: Some(100_000), ..Default::default() },
-            RetryPolicy { max_age_secs: Some(10), ..Default::default() },
-            RetryPolicy { max_attempts: Some(0), ..Default::default() },
-            RetryPolicy { retryable_statuses: vec![500], ..Default::default() },
-            RetryPolicy { base_delay_secs: Some(60), max_delay_secs: Some(10), ..Default::default() },
+            RetryPolicy {
+                base_delay_secs: Some(0),
+                ..Default::default()
+            },
+            RetryPolicy {
+                max_delay_secs: Some(100_000),
+                ..Default::default()
+            },
+            RetryPolicy {
+                max_age_secs: Some(10),
+                ..Default::default()
+            },
+            RetryPolicy {
+                max_attempts: Some(0),
+                ..Default::default()
+            },
+            RetryPolicy {
+                retryable_statuses: vec![500],
+                ..Default::default()
+            },
+            RetryPolicy {
+                base_delay_secs: Some(60),
+                max_delay_secs: Some(10),
+                ..Default::default()
+            },
         ];
         for p in bad {
             assert!(p.validate().is_err(), "{p:?}");
@@ -188,7 +256,10 @@ mod tests {
     #[test]
     fn unset_fields_follow_the_defaults() {
         let d = RetrySchedule::default();
-        let p = RetryPolicy { max_attempts: Some(3), ..Default::default() };
+        let p = RetryPolicy {
+            max_attempts: Some(3),
+            ..Default::default()
+        };
         let s = p.resolve(&d);
         assert_eq!(s.max_attempts, 3);
         assert_eq!(s.base, d.base);
