@@ -1,0 +1,213 @@
+//! The command line. Every flag of `serve` also reads a `HOOKD_*`
+//! environment variable; flags win.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::serve::{App, AppConfig, open_store};
+
+/// Webhook delivery that never loses an accepted event and never makes a
+/// struggling endpoint worse.
+#[derive(Debug, Parser)]
+#[command(name = "hookd", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the API and the dispatcher.
+    Serve(ServeArgs),
+    /// Apply database migrations and exit.
+    Migrate(DatabaseArgs),
+    /// A local receiver for development: prints each webhook and checks its signature.
+    Listen(crate::listen::ListenArgs),
+}
+
+/// Where the data lives.
+#[derive(Debug, Args)]
+pub struct DatabaseArgs {
+    /// `sqlite:PATH` (embedded, the default) or `postgres://…`.
+    #[arg(long, env = "HOOKD_DATABASE_URL", default_value = "sqlite:hookd.db")]
+    pub database: String,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    /// For people.
+    Human,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `hookd serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    db: DatabaseArgs,
+    /// Address the API listens on.
+    #[arg(long, env = "HOOKD_LISTEN", default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// Allow subscriptions to loopback and private addresses (development
+    /// and tests only: otherwise hookd is an open proxy into your network).
+    #[arg(long, env = "HOOKD_ALLOW_PRIVATE_DESTINATIONS")]
+    allow_private_destinations: bool,
+    /// Log format.
+    #[arg(long, env = "HOOKD_LOG_FORMAT", value_enum, default_value = "human")]
+    log_format: LogFormat,
+    /// Name recorded on claimed deliveries (default: host name and process id).
+    #[arg(long, env = "HOOKD_WORKER_ID")]
+    worker_id: Option<String>,
+    /// How long a claimed delivery is owned before others may take it.
+    #[arg(long, env = "HOOKD_LEASE", default_value = "90s", value_parser = humantime::parse_duration)]
+    lease: Duration,
+    /// Deadline for one attempt: connect, headers and body.
+    #[arg(long, env = "HOOKD_ATTEMPT_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    attempt_timeout: Duration,
+    /// How often a running attempt renews its lease.
+    #[arg(long, env = "HOOKD_LEASE_RENEWAL", default_value = "30s", value_parser = humantime::parse_duration)]
+    lease_renewal: Duration,
+    /// Attempts in flight at once per destination host.
+    #[arg(long, env = "HOOKD_HOST_CONCURRENCY", default_value_t = 20)]
+    host_concurrency: u32,
+    /// Attempts in flight at once in this process.
+    #[arg(long, env = "HOOKD_MAX_IN_FLIGHT", default_value_t = 1024)]
+    max_in_flight: usize,
+    /// On shutdown, how long in-flight attempts may take to finish.
+    #[arg(long, env = "HOOKD_SHUTDOWN_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
+    shutdown_grace: Duration,
+}
+
+impl Cli {
+    /// Runs the chosen command.
+    pub async fn run(self) -> anyhow::Result<()> {
+        match self.command {
+            Command::Serve(args) => serve(args).await,
+            Command::Migrate(args) => {
+                init_logging(LogFormat::Human);
+                let store = open_store(&args.database).await?;
+                store.migrate().await.context("applying migrations")?;
+                println!("migrations applied to {}", redact_url(&args.database));
+                Ok(())
+            }
+            Command::Listen(args) => crate::listen::run(args).await,
+        }
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    init_logging(args.log_format);
+    let worker_id = args.worker_id.unwrap_or_else(default_worker_id);
+    let mut dispatch = hookd_dispatch::DispatchConfig::standard(worker_id);
+    dispatch.lease = args.lease;
+    dispatch.attempt_timeout = args.attempt_timeout;
+    dispatch.renew_every = args.lease_renewal;
+    dispatch.host_concurrency = args.host_concurrency;
+    dispatch.max_in_flight = args.max_in_flight;
+    dispatch.shutdown_grace = args.shutdown_grace;
+    dispatch
+        .validate()
+        .map_err(anyhow::Error::msg)
+        .context("checking the dispatcher settings")?;
+
+    let config = AppConfig {
+        database: args.db.database,
+        allow_private_destinations: args.allow_private_destinations,
+        admin_token: std::env::var("HOOKD_ADMIN_TOKEN")
+            .ok()
+            .filter(|t| !t.is_empty()),
+        dispatch,
+    };
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding the API to {}", args.listen))?;
+    let app = App::build(config, listener).await?;
+    if let Some(token) = app.generated_admin_token() {
+        // Printed once, on the first start; only its hash is stored.
+        println!();
+        println!("  No HOOKD_ADMIN_TOKEN was set, so hookd generated an admin token.");
+        println!("  It is shown only this once; keep it somewhere safe:");
+        println!();
+        println!("    {token}");
+        println!();
+    }
+    tracing::info!(listen = %app.local_addr(), database = %redact_url(app.database()), "hookd is serving");
+    let shutdown = app.shutdown_token();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("signal received: shutting down");
+        shutdown.cancel();
+    });
+    app.run().await
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return ctrl_c.await.unwrap_or(()),
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    ctrl_c.await.unwrap_or(());
+}
+
+fn default_worker_id() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "hookd".into());
+    format!("{host}-{}", std::process::id())
+}
+
+/// The URL without any password, for logs.
+fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.find('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}://…@{}", &url[..s], &url[at + 1..]),
+        _ => url.to_owned(),
+    }
+}
+
+/// Logs go to stderr so stdout stays for what a command prints.
+fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("HOOKD_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Human => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_redacted_from_urls() {
+        assert_eq!(
+            redact_url("postgres://u:secret@db:5432/x"),
+            "postgres://…@db:5432/x"
+        );
+        assert_eq!(redact_url("sqlite:hookd.db"), "sqlite:hookd.db");
+    }
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,13 @@
+//! The `hookd` binary's glue: configuration, choosing a store backend,
+//! wiring the API and the dispatcher together, and running them until a
+//! signal. No domain logic lives here.
+//!
+//! It is a library as well as a binary so the integration tests can build
+//! the real application in-process, on port 0, against a fresh database.
+#![warn(missing_docs)]
+
+pub mod cli;
+pub mod listen;
+mod serve;
+
+pub use serve::{App, AppConfig, open_store};

@@ -1,0 +1,211 @@
+//! Wiring: open the store, migrate, make sure an admin token exists, build
+//! the API and the dispatcher, run both, and stop both together.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use hookd_dispatch::{DispatchConfig, Dispatcher};
+use hookd_domain::SystemClock;
+use hookd_domain::destination::DestinationPolicy;
+use hookd_store::{NewToken, Store};
+use rand::RngCore;
+use sha2::{Digest, Sha256};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// What `hookd serve` needs, already validated.
+#[derive(Debug, Clone)]
+pub struct AppConfig {
+    /// `sqlite:PATH` or `postgres://…`.
+    pub database: String,
+    /// Allow loopback and private destinations.
+    pub allow_private_destinations: bool,
+    /// The admin token, if the operator set one (`HOOKD_ADMIN_TOKEN`).
+    pub admin_token: Option<String>,
+    /// The dispatcher's settings.
+    pub dispatch: DispatchConfig,
+}
+
+/// A built application, ready to run.
+#[derive(Debug)]
+pub struct App {
+    store: Arc<dyn Store>,
+    listener: TcpListener,
+    local_addr: SocketAddr,
+    router: axum::Router,
+    dispatcher: Dispatcher,
+    shutdown: CancellationToken,
+    generated_admin_token: Option<String>,
+    database: String,
+}
+
+/// Opens the store the URL names: `sqlite:…` or `postgres://…`. This is the
+/// only place that names a backend.
+pub async fn open_store(url: &str) -> anyhow::Result<Arc<dyn Store>> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let store =
+            hookd_store_postgres::PgStore::connect(url, hookd_store_postgres::PgOptions::default())
+                .await
+                .context("connecting to PostgreSQL")?;
+        Ok(Arc::new(store))
+    } else if url.starts_with("sqlite:") {
+        let store = hookd_store_sqlite::SqliteStore::connect_url(url)
+            .await
+            .context("opening the SQLite database")?;
+        Ok(Arc::new(store))
+    } else {
+        anyhow::bail!("unsupported database URL `{url}`: use `sqlite:PATH` or `postgres://…`")
+    }
+}
+
+fn sha256(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+/// A new random admin token.
+fn generate_token() -> String {
+    let mut bytes = [0u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    format!("hookd_{}", hex::encode(bytes))
+}
+
+impl App {
+    /// Opens and migrates the store and builds every component. Nothing runs
+    /// until [`App::run`].
+    pub async fn build(config: AppConfig, listener: TcpListener) -> anyhow::Result<Self> {
+        let store = open_store(&config.database).await?;
+        store
+            .migrate()
+            .await
+            .context("applying database migrations")?;
+
+        let mut generated_admin_token = None;
+        let admin_token_hash = match &config.admin_token {
+            Some(token) => Some(sha256(token)),
+            None => {
+                if !store
+                    .has_admin_token()
+                    .await
+                    .context("looking up the admin token")?
+                {
+                    let token = generate_token();
+                    let new = NewToken {
+                        token_hash: sha256(&token).to_vec(),
+                        customer_id: None,
+                        label: Some("generated at first start".into()),
+                    };
+                    store
+                        .create_token(new)
+                        .await
+                        .context("storing the generated admin token")?;
+                    generated_admin_token = Some(token);
+                }
+                None
+            }
+        };
+
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let policy = if config.allow_private_destinations {
+            DestinationPolicy::AllowPrivate
+        } else {
+            DestinationPolicy::PublicOnly
+        };
+        let mut api_config = hookd_api::ApiConfig::new(policy);
+        api_config.admin_token_hash = admin_token_hash;
+        let state = hookd_api::AppState::new(store.clone(), api_config, wake.clone());
+        let router = hookd_api::router(state);
+
+        let dispatcher =
+            Dispatcher::new(store.clone(), config.dispatch, Arc::new(SystemClock), wake)
+                .context("building the dispatcher")?;
+        let local_addr = listener
+            .local_addr()
+            .context("reading the listen address")?;
+        Ok(Self {
+            store,
+            listener,
+            local_addr,
+            router,
+            dispatcher,
+            shutdown: CancellationToken::new(),
+            generated_admin_token,
+            database: config.database,
+        })
+    }
+
+    /// The address the API listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The database URL.
+    pub fn database(&self) -> &str {
+        &self.database
+    }
+
+    /// The dispatcher.
+    pub fn dispatcher(&self) -> &Dispatcher {
+        &self.dispatcher
+    }
+
+    /// The admin token generated at first start, if one was.
+    pub fn generated_admin_token(&self) -> Option<&str> {
+        self.generated_admin_token.as_deref()
+    }
+
+    /// Cancel it to stop the application gracefully.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Runs the API and the dispatcher until the shutdown token is cancelled
+    /// or either of them ends; then stops the other and waits for both.
+    pub async fn run(self) -> anyhow::Result<()> {
+        let tracker = TaskTracker::new();
+        let shutdown = self.shutdown.clone();
+        let (tx, mut rx) =
+            tokio::sync::mpsc::unbounded_channel::<(&'static str, anyhow::Result<()>)>();
+
+        let api_tx = tx.clone();
+        let api_shutdown = shutdown.clone();
+        let (listener, router) = (self.listener, self.router);
+        tracker.spawn(async move {
+            let res = hookd_api::serve(listener, router, api_shutdown.clone())
+                .await
+                .context("the API server failed");
+            api_shutdown.cancel();
+            let _ = api_tx.send(("api", res));
+        });
+        let dispatch_shutdown = shutdown.clone();
+        let dispatcher = self.dispatcher;
+        tracker.spawn(async move {
+            let res = dispatcher
+                .run(dispatch_shutdown.clone())
+                .await
+                .context("the dispatcher failed");
+            dispatch_shutdown.cancel();
+            let _ = tx.send(("dispatcher", res));
+        });
+        tracker.close();
+        tracker.wait().await;
+
+        let mut first_error = None;
+        while let Ok((task, res)) = rx.try_recv() {
+            match res {
+                Ok(()) => tracing::info!(task, "stopped"),
+                Err(e) => {
+                    tracing::error!(task, error = format!("{e:#}"), "stopped with an error");
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}

@@ -1,0 +1,233 @@
+//! An event's path from POST to the receiver, on both backends.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use base64::Engine as _;
+use hmac::{Hmac, Mac};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
+
+use crate::helpers::*;
+
+crate::on_both_backends!(
+    an_event_reaches_its_subscriber_signed_and_enveloped,
+    a_500_is_retried_and_the_log_shows_both_attempts,
+    only_matching_subscriptions_receive_an_event,
+    two_dispatchers_never_deliver_one_delivery_twice,
+);
+
+/// Verifies a Standard Webhooks signature the way the specification
+/// describes it, without calling hookd's signer: base64-decode the secret
+/// after `whsec_`, HMAC-SHA256 over `{id}.{timestamp}.{body}`, compare with
+/// each `v1,` entry of the header.
+fn verifies_independently(secret: &str, r: &Received) -> bool {
+    let key = base64::engine::general_purpose::STANDARD
+        .decode(secret.strip_prefix("whsec_").unwrap())
+        .unwrap();
+    let mut mac = Hmac::<Sha256>::new_from_slice(&key).unwrap();
+    mac.update(
+        format!(
+            "{}.{}.",
+            r.header("webhook-id"),
+            r.header("webhook-timestamp")
+        )
+        .as_bytes(),
+    );
+    mac.update(&r.body);
+    let expected = format!(
+        "v1,{}",
+        base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
+    );
+    r.header("webhook-signature")
+        .split(' ')
+        .any(|s| s == expected)
+}
+
+async fn an_event_reaches_its_subscriber_signed_and_enveloped(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let rx = TestReceiver::start("127.0.0.2").await;
+    let sub = app.subscribe(&rx.url(), &["invoice.*"]).await;
+    let (sub_id, secret) = (
+        sub["sub_id"].as_str().unwrap(),
+        sub["secret"].as_str().unwrap(),
+    );
+    let event_id = app
+        .send_event("invoice.paid", json!({"amount": 42, "currency": "EUR"}))
+        .await;
+
+    let got = rx.wait_for(1).await;
+    let r = &got[0];
+    let body = r.json();
+    assert_eq!(body["event_id"], event_id.as_str());
+    assert_eq!(body["type"], "invoice.paid");
+    assert_eq!(body["data"], json!({"amount": 42, "currency": "EUR"}));
+    let key = hex::encode(Sha256::digest(format!("{event_id}|{sub_id}").as_bytes()));
+    assert_eq!(
+        r.header("webhook-id"),
+        key,
+        "webhook-id is sha256(event_id|sub_id)"
+    );
+    assert_eq!(r.header("idempotency-key"), key);
+    assert_eq!(body["id"], key.as_str());
+    assert_eq!(r.header("content-type"), "application/json");
+    let ts: i64 = r.header("webhook-timestamp").parse().unwrap();
+    assert!((chrono::Utc::now().timestamp() - ts).abs() < 300);
+    assert!(
+        verifies_independently(secret, r),
+        "signature must verify per the Standard Webhooks spec"
+    );
+
+    let delivered = eventually("the delivery to be recorded as delivered", || async {
+        let ev = app.get_json(&format!("/events/{event_id}")).await;
+        (ev["deliveries"][0]["state"] == "delivered").then_some(ev)
+    })
+    .await;
+    assert_eq!(delivered["deliveries"].as_array().unwrap().len(), 1);
+    assert_eq!(delivered["deliveries"][0]["attempts"][0]["status"], 200);
+    app.stop().await;
+}
+
+async fn a_500_is_retried_and_the_log_shows_both_attempts(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let rx = TestReceiver::start("127.0.0.3").await;
+    rx.script(&[500]);
+    let sub = app
+        .subscribe_with(json!({ "url": rx.url(), "event_types": ["order.created"], "retry_policy": { "base_delay_secs": 1 } }))
+        .await;
+    let sub_id = sub["sub_id"].as_str().unwrap();
+    app.send_event("order.created", json!({"id": 7})).await;
+
+    let got = rx.wait_for(2).await;
+    assert_eq!(
+        got[0].header("webhook-id"),
+        got[1].header("webhook-id"),
+        "a retry keeps its webhook-id"
+    );
+    assert_eq!(got[0].body, got[1].body);
+
+    let log = eventually("the retried delivery to be delivered", || async {
+        let page = app
+            .get_json(&format!("/subscriptions/{sub_id}/deliveries"))
+            .await;
+        (page["data"][0]["state"] == "delivered").then_some(page)
+    })
+    .await;
+    let d = &log["data"][0];
+    assert_eq!(d["attempt"], 2);
+    let statuses: Vec<&Value> = d["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| &a["status"])
+        .collect();
+    assert_eq!(statuses, [&json!(500), &json!(200)]);
+    assert_eq!(d["attempts"][0]["number"], 1);
+    assert_eq!(d["attempts"][1]["number"], 2);
+    // The log can be filtered by state.
+    let failed_now = app
+        .get_json(&format!(
+            "/subscriptions/{sub_id}/deliveries?status=pending"
+        ))
+        .await;
+    assert!(failed_now["data"].as_array().unwrap().is_empty());
+    app.stop().await;
+}
+
+async fn only_matching_subscriptions_receive_an_event(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let (a, b, c) = (
+        TestReceiver::start("127.0.0.4").await,
+        TestReceiver::start("127.0.0.5").await,
+        TestReceiver::start("127.0.0.6").await,
+    );
+    app.subscribe(&a.url(), &["user.created"]).await;
+    app.subscribe(&b.url(), &["invoice.*"]).await;
+    app.subscribe_with(json!({ "url": c.url(), "event_types": ["*"], "customer_id": "acme" }))
+        .await;
+
+    // A customer's event goes only to that customer's subscriptions.
+    let r = app
+        .post(
+            "/events",
+            &json!({ "type": "invoice.paid", "payload": {}, "customer_id": "globex" }),
+        )
+        .await;
+    assert_eq!(r.status(), 202);
+    // An event without a customer goes to every matching subscription.
+    app.send_event("invoice.paid", json!({"n": 2})).await;
+
+    let got_b = b.wait_for(1).await;
+    let got_c = c.wait_for(1).await;
+    assert_eq!(got_b[0].json()["data"], json!({"n": 2}));
+    assert_eq!(got_c[0].json()["data"], json!({"n": 2}));
+    app.send_event("user.created", json!({"n": 3})).await;
+    a.wait_for(1).await;
+    let got_c = c.wait_for(2).await;
+    // Everything posted has now been delivered where it was due: nothing
+    // else is pending, so the counts below are final.
+    assert_eq!(
+        b.received().len(),
+        1,
+        "invoice.* does not match user.created"
+    );
+    let mut seen: Vec<Value> = got_c.iter().map(|r| r.json()["data"].clone()).collect();
+    seen.sort_by_key(|v| v["n"].as_i64());
+    assert_eq!(
+        seen,
+        [json!({"n": 2}), json!({"n": 3})],
+        "acme's subscription never saw globex's event"
+    );
+    app.stop().await;
+}
+
+async fn two_dispatchers_never_deliver_one_delivery_twice(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let receivers = [
+        TestReceiver::start("127.0.0.7").await,
+        TestReceiver::start("127.0.0.8").await,
+        TestReceiver::start("127.0.0.9").await,
+    ];
+    for r in &receivers {
+        app.subscribe(&r.url(), &["*"]).await;
+    }
+    // A second dispatcher, with its own connection pool, on the same database.
+    let second_store = hookd::open_store(&app.database).await.unwrap();
+    let second = hookd_dispatch::Dispatcher::new(
+        second_store,
+        test_dispatch_config("second-worker"),
+        std::sync::Arc::new(hookd_domain::SystemClock),
+        std::sync::Arc::new(tokio::sync::Notify::new()),
+    )
+    .unwrap();
+    let stop_second = CancellationToken::new();
+    let second_run = tokio::spawn(second.run(stop_second.clone()));
+
+    let events = 100;
+    for i in 0..events {
+        app.send_event("load.test", json!({ "i": i })).await;
+    }
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for r in &receivers {
+        for got in r.wait_for(events).await {
+            *seen.entry(got.header("webhook-id").to_owned()).or_default() += 1;
+        }
+    }
+    // Give any stray duplicate a chance to show up before counting.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let total: usize = receivers.iter().map(|r| r.received().len()).sum();
+    assert_eq!(seen.len(), 3 * events);
+    assert_eq!(total, 3 * events, "no delivery was sent twice");
+    stop_second.cancel();
+    second_run.await.unwrap().unwrap();
+    app.stop().await;
+}

@@ -1,0 +1,299 @@
+//! `spawn_app()` and `TestReceiver`: the two fixtures every end-to-end test
+//! stands on.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, StatusCode};
+use hookd::{App, AppConfig};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+/// Which store a test runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// Stamps out an async test body `fn(Backend)` once per backend.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn sqlite() {
+                    super::$name($crate::helpers::Backend::Sqlite).await
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn postgres() {
+                    super::$name($crate::helpers::Backend::Postgres).await
+                }
+            }
+        )*
+    };
+}
+
+/// How long any wait for work may take before the test fails. Generous:
+/// it bounds a hang, it is not a performance assertion.
+pub const DEADLINE: Duration = Duration::from_secs(30);
+
+/// Polls `f` until it returns `Some`, failing after [`DEADLINE`].
+pub async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A database URL for a fresh, empty database of `backend`, and what keeps
+/// it alive. `None` when PostgreSQL is not configured outside CI.
+pub async fn fresh_database(backend: Backend) -> Option<(String, Box<dyn std::any::Any + Send>)> {
+    match backend {
+        Backend::Sqlite => {
+            let dir = tempfile::tempdir().unwrap();
+            let url = format!("sqlite:{}", dir.path().join("hookd.db").display());
+            Some((url, Box::new(dir)))
+        }
+        Backend::Postgres => {
+            let db = hookd_store_postgres::testing::fresh_schema().await?;
+            Some((db.url.clone(), Box::new(db)))
+        }
+    }
+}
+
+/// The running application and a client that talks to it as admin.
+pub struct TestApp {
+    pub addr: SocketAddr,
+    pub client: reqwest::Client,
+    pub token: String,
+    pub database: String,
+    shutdown: CancellationToken,
+    handle: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    _guard: Box<dyn std::any::Any + Send>,
+}
+
+pub fn test_dispatch_config(worker: &str) -> hookd_dispatch::DispatchConfig {
+    let mut c = hookd_dispatch::DispatchConfig::standard(worker.to_owned());
+    c.poll_interval = Duration::from_millis(50);
+    c.attempt_timeout = Duration::from_secs(10);
+    c.shutdown_grace = Duration::from_secs(2);
+    c
+}
+
+/// Builds and runs the whole application on port 0. `None` means the backend
+/// is not configured here (PostgreSQL outside CI); the test then does nothing.
+pub async fn spawn_app(backend: Backend) -> Option<TestApp> {
+    let (database, guard) = fresh_database(backend).await?;
+    Some(spawn_app_on(database, guard).await)
+}
+
+pub async fn spawn_app_on(database: String, guard: Box<dyn std::any::Any + Send>) -> TestApp {
+    let token = "test-admin-token".to_owned();
+    let config = AppConfig {
+        database: database.clone(),
+        allow_private_destinations: true,
+        admin_token: Some(token.clone()),
+        dispatch: test_dispatch_config("test-worker"),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let app = App::build(config, listener).await.expect("the app builds");
+    let addr = app.local_addr();
+    let shutdown = app.shutdown_token();
+    let handle = tokio::spawn(app.run());
+    TestApp {
+        addr,
+        client: reqwest::Client::new(),
+        token,
+        database,
+        shutdown,
+        handle: Some(handle),
+        _guard: guard,
+    }
+}
+
+impl TestApp {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> reqwest::Response {
+        self.client
+            .post(self.url(path))
+            .bearer_auth(&self.token)
+            .json(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn get(&self, path: &str) -> reqwest::Response {
+        self.client
+            .get(self.url(path))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn get_json(&self, path: &str) -> Value {
+        let r = self.get(path).await;
+        assert_eq!(r.status(), 200, "GET {path}");
+        r.json().await.unwrap()
+    }
+
+    /// Creates a subscription for `types` pointing at `url`; returns its JSON.
+    pub async fn subscribe(&self, url: &str, types: &[&str]) -> Value {
+        self.subscribe_with(json!({ "url": url, "event_types": types }))
+            .await
+    }
+
+    pub async fn subscribe_with(&self, body: Value) -> Value {
+        let r = self.post("/subscriptions", &body).await;
+        let status = r.status();
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(status, 201, "{v}");
+        v
+    }
+
+    /// Posts an event; returns its id.
+    pub async fn send_event(&self, ty: &str, payload: Value) -> String {
+        let r = self
+            .post("/events", &json!({ "type": ty, "payload": payload }))
+            .await;
+        let status = r.status();
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(status, 202, "{v}");
+        v["event_id"].as_str().unwrap().to_owned()
+    }
+
+    /// Stops the application gracefully and waits for it.
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(h) = self.handle.take() {
+            h.await.unwrap().unwrap();
+        }
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// What a receiver got.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Received {
+    pub fn header(&self, name: &str) -> &str {
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap()
+    }
+}
+
+#[derive(Debug, Default)]
+struct ReceiverState {
+    received: Mutex<Vec<Received>>,
+    script: Mutex<VecDeque<u16>>,
+    default_status: AtomicU16,
+}
+
+/// A real HTTP receiver on a loopback address, whose answers can be set.
+pub struct TestReceiver {
+    pub addr: SocketAddr,
+    state: Arc<ReceiverState>,
+    shutdown: CancellationToken,
+}
+
+impl TestReceiver {
+    /// A receiver on `ip` (e.g. "127.0.0.2": distinct addresses are distinct
+    /// destination hosts), answering 200 until told otherwise.
+    pub async fn start(ip: &str) -> Self {
+        let state = Arc::new(ReceiverState::default());
+        state.default_status.store(200, Ordering::SeqCst);
+        let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let st = state.clone();
+        let app = axum::Router::new().fallback(move |headers: HeaderMap, body: Bytes| {
+            let st = st.clone();
+            async move {
+                st.received.lock().unwrap().push(Received { headers, body });
+                let code = st
+                    .script
+                    .lock()
+                    .unwrap()
+                    .pop_front()
+                    .unwrap_or_else(|| st.default_status.load(Ordering::SeqCst));
+                StatusCode::from_u16(code).unwrap()
+            }
+        });
+        let shutdown = CancellationToken::new();
+        let s = shutdown.clone();
+        tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(s.cancelled_owned())
+                .await
+                .unwrap();
+        });
+        Self {
+            addr,
+            state,
+            shutdown,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}/hook", self.addr)
+    }
+
+    /// Answers the next requests with `statuses`, in order, then the default.
+    pub fn script(&self, statuses: &[u16]) {
+        self.state.script.lock().unwrap().extend(statuses);
+    }
+
+    pub fn received(&self) -> Vec<Received> {
+        self.state.received.lock().unwrap().clone()
+    }
+
+    /// Waits until at least `n` requests arrived.
+    pub async fn wait_for(&self, n: usize) -> Vec<Received> {
+        eventually(&format!("{n} requests at {}", self.addr), || async {
+            let got = self.received();
+            (got.len() >= n).then_some(got)
+        })
+        .await
+    }
+}
+
+impl Drop for TestReceiver {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}

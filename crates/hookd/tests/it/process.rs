@@ -1,0 +1,140 @@
+//! The real `hookd` binary, as a user runs it.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::helpers::eventually;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn hookd(dir: &std::path::Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_hookd"));
+    c.current_dir(dir)
+        .env_remove("HOOKD_ADMIN_TOKEN")
+        .env_remove("HOOKD_DATABASE_URL")
+        .env("HOOKD_LOG", "warn");
+    c
+}
+
+fn terminate(child: &mut Child) -> std::process::ExitStatus {
+    let pid = child.id().to_string();
+    Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    child.wait().unwrap()
+}
+
+/// Reads stdout lines until one looks like a generated token.
+fn read_token(child: &mut Child) -> Option<String> {
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if let Some(tok) = line.split_whitespace().find(|w| w.starts_with("hookd_")) {
+                let _ = tx.send(tok.to_owned());
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(30)).ok()
+}
+
+#[tokio::test]
+async fn serve_with_no_configuration_creates_hookd_db_prints_a_token_once_and_stops_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut child = hookd(dir.path())
+        .args(["serve", "--listen", &listen])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let token = read_token(&mut child).expect("the first start prints an admin token");
+
+    let client = reqwest::Client::new();
+    let url = format!("http://{listen}/subscriptions");
+    let status = eventually("the API to answer", || async {
+        client
+            .get(&url)
+            .bearer_auth(&token)
+            .send()
+            .await
+            .ok()
+            .map(|r| r.status())
+    })
+    .await;
+    assert_eq!(status, 200, "the printed token is an admin token");
+    let wrong = client.get(&url).bearer_auth("nope").send().await.unwrap();
+    assert_eq!(wrong.status(), 401);
+    assert!(
+        dir.path().join("hookd.db").exists(),
+        "hookd.db is created in the working directory"
+    );
+    assert!(
+        dir.path().join("hookd.db-wal").exists(),
+        "the database runs in WAL mode"
+    );
+    assert!(
+        terminate(&mut child).success(),
+        "SIGTERM is a clean shutdown"
+    );
+
+    // The second start keeps the stored token and prints none.
+    let mut again = hookd(dir.path())
+        .args(["serve", "--listen", &listen])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ok = eventually("the API to answer again", || async {
+        client
+            .get(&url)
+            .bearer_auth(&token)
+            .send()
+            .await
+            .ok()
+            .map(|r| r.status())
+    })
+    .await;
+    assert_eq!(ok, 200, "the token from the first start still works");
+    assert!(terminate(&mut again).success());
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut again.stdout.take().unwrap(), &mut rest).unwrap();
+    assert!(
+        !rest.contains("hookd_"),
+        "no token printed on the second start: {rest}"
+    );
+}
+
+#[test]
+fn migrate_applies_the_schema_and_is_idempotent() {
+    let dir = tempfile::tempdir().unwrap();
+    for _ in 0..2 {
+        let out = hookd(dir.path())
+            .args(["migrate", "--database", "sqlite:other.db"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(dir.path().join("other.db").exists());
+}
+
+#[test]
+fn a_bad_database_url_is_a_clear_error_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = hookd(dir.path())
+        .args(["migrate", "--database", "mysql://x"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unsupported database URL"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
