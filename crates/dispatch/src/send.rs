@@ -78,32 +78,23 @@ impl Sender {
             .header("idempotency-key", &msg_id)
             .body(body);
 
-        let exchange = async {
-            let response = request.send().await?;
-            let status = response.status().as_u16();
-            let retry_after = response
-                .headers()
-                .get(reqwest::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| parse_retry_after(v, started_at));
-            let snippet = read_bounded(response, self.max_response_bytes).await;
-            Ok::<_, reqwest::Error>((status, retry_after, snippet))
-        };
-        let (result, snippet) = match tokio::time::timeout(self.timeout, exchange).await {
+        // One deadline for the whole exchange. Headers must arrive before it;
+        // the body is read until it, the size limit, or its end, whichever
+        // comes first. A status already received stands even if the body
+        // is cut off: the destination has answered.
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let (result, snippet) = match tokio::time::timeout_at(deadline, request.send()).await {
             Err(_) => (AttemptResult::Error(ErrorClass::Timeout), None),
             Ok(Err(e)) => (AttemptResult::Error(classify_error(&e)), None),
-            Ok(Ok((code, retry_after, snippet))) => {
-                let result = if (300..400).contains(&code) {
-                    // Kept as a status so the customer sees which redirect it was;
-                    // classification treats every 3xx as a permanent failure.
-                    AttemptResult::Status {
-                        code,
-                        retry_after: None,
-                    }
-                } else {
-                    AttemptResult::Status { code, retry_after }
-                };
-                (result, Some(snippet))
+            Ok(Ok(response)) => {
+                let code = response.status().as_u16();
+                let retry_after = response
+                    .headers()
+                    .get(reqwest::header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| parse_retry_after(v, started_at));
+                let snippet = read_bounded(response, self.max_response_bytes, deadline).await;
+                (AttemptResult::Status { code, retry_after }, Some(snippet))
             }
         };
         let (status, error_class) = match result {
@@ -147,22 +138,22 @@ pub fn envelope(msg_id: &str, claimed: &ClaimedDelivery) -> String {
     s
 }
 
-/// Reads at most `max` bytes of the body and keeps at most
-/// [`MAX_SNIPPET_BYTES`] of it as text. A body cut off early (by the limit or
-/// by the peer) does not change the attempt's status.
-async fn read_bounded(mut response: reqwest::Response, max: usize) -> String {
+/// Reads at most `max` bytes of the body, until `deadline`, and keeps at
+/// most [`MAX_SNIPPET_BYTES`] of it as text. A body cut off early (by the
+/// limit, the deadline or the peer) does not change the attempt's status.
+async fn read_bounded(mut response: reqwest::Response, max: usize, deadline: tokio::time::Instant) -> String {
     let mut kept = Vec::new();
     let mut read = 0usize;
     while read < max {
-        match response.chunk().await {
-            Ok(Some(chunk)) => {
+        match tokio::time::timeout_at(deadline, response.chunk()).await {
+            Ok(Ok(Some(chunk))) => {
                 read += chunk.len();
                 if kept.len() < MAX_SNIPPET_BYTES {
                     let room = MAX_SNIPPET_BYTES - kept.len();
                     kept.extend_from_slice(&chunk[..chunk.len().min(room)]);
                 }
             }
-            Ok(None) | Err(_) => break,
+            Ok(Ok(None)) | Ok(Err(_)) | Err(_) => break,
         }
     }
     snippet_text(&kept)

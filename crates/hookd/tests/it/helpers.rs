@@ -100,18 +100,28 @@ pub fn test_dispatch_config(worker: &str) -> hookd_dispatch::DispatchConfig {
 /// Builds and runs the whole application on port 0. `None` means the backend
 /// is not configured here (PostgreSQL outside CI); the test then does nothing.
 pub async fn spawn_app(backend: Backend) -> Option<TestApp> {
+    spawn_app_with(backend, |_| {}).await
+}
+
+/// Like [`spawn_app`], with the dispatcher's settings adjusted by `tune`.
+pub async fn spawn_app_with(backend: Backend, tune: impl FnOnce(&mut hookd_dispatch::DispatchConfig)) -> Option<TestApp> {
     let (database, guard) = fresh_database(backend).await?;
-    Some(spawn_app_on(database, guard).await)
+    let mut dispatch = test_dispatch_config("test-worker");
+    tune(&mut dispatch);
+    Some(spawn_app_configured(database, guard, dispatch).await)
 }
 
 pub async fn spawn_app_on(database: String, guard: Box<dyn std::any::Any + Send>) -> TestApp {
+    spawn_app_configured(database, guard, test_dispatch_config("test-worker")).await
+}
+
+pub async fn spawn_app_configured(
+    database: String,
+    guard: Box<dyn std::any::Any + Send>,
+    dispatch: hookd_dispatch::DispatchConfig,
+) -> TestApp {
     let token = "test-admin-token".to_owned();
-    let config = AppConfig {
-        database: database.clone(),
-        allow_private_destinations: true,
-        admin_token: Some(token.clone()),
-        dispatch: test_dispatch_config("test-worker"),
-    };
+    let config = AppConfig { database: database.clone(), allow_private_destinations: true, admin_token: Some(token.clone()), dispatch };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let app = App::build(config, listener).await.expect("the app builds");
     let addr = app.local_addr();

@@ -1,0 +1,159 @@
+//! What one attempt does with what a destination answers: bounded reads
+//! under one deadline, and the classification of statuses, end to end.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::StatusCode;
+use axum::response::Response;
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+
+crate::on_both_backends!(
+    an_endless_2xx_body_is_cut_off_and_still_a_success,
+    a_trickling_2xx_body_cannot_hold_the_attempt_past_its_deadline,
+    a_destination_that_never_answers_times_out_and_is_retried,
+    a_410_fails_the_delivery_and_disables_the_subscription,
+    a_400_is_tried_once_and_a_redirect_is_not_followed,
+);
+
+/// A destination on `ip` whose every answer is built by `respond`.
+async fn destination<F>(ip: &str, respond: F) -> SocketAddr
+where
+    F: Fn() -> Response + Clone + Send + Sync + 'static,
+{
+    let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = axum::Router::new().fallback(move || {
+        let respond = respond.clone();
+        async move { respond() }
+    });
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+fn endless(chunk: &'static [u8], every: Duration) -> Body {
+    let stream = futures::stream::unfold((), move |()| async move {
+        tokio::time::sleep(every).await;
+        Some((Ok::<_, Infallible>(Bytes::from_static(chunk)), ()))
+    });
+    Body::from_stream(stream)
+}
+
+/// Subscribes to `addr`, posts one event, and waits for its delivery to
+/// reach a state other than pending/inflight — or, with `until_attempts`,
+/// until that many attempts are recorded.
+async fn deliver_one(app: &TestApp, addr: SocketAddr, until: impl Fn(&Value) -> bool) -> (Value, Value) {
+    let sub = app
+        .subscribe_with(json!({ "url": format!("http://{addr}/hook"), "event_types": ["*"], "retry_policy": { "base_delay_secs": 60 } }))
+        .await;
+    let sub_id = sub["sub_id"].as_str().unwrap().to_owned();
+    app.send_event("t.x", json!({})).await;
+    let d = eventually("the delivery to reach the expected state", || async {
+        let page = app.get_json(&format!("/subscriptions/{sub_id}/deliveries")).await;
+        let d = page["data"][0].clone();
+        until(&d).then_some(d)
+    })
+    .await;
+    (sub, d)
+}
+
+fn is_final(d: &Value) -> bool {
+    matches!(d["state"].as_str(), Some("delivered" | "failed" | "dead"))
+}
+
+async fn an_endless_2xx_body_is_cut_off_and_still_a_success(backend: Backend) {
+    let Some(app) = spawn_app_with(backend, |c| c.attempt_timeout = Duration::from_secs(5)).await else { return };
+    let addr = destination("127.0.0.10", || Response::new(endless(&[b'x'; 8192], Duration::ZERO))).await;
+    let (_, d) = deliver_one(&app, addr, is_final).await;
+    assert_eq!(d["state"], "delivered");
+    let snippet = d["attempts"][0]["response_snippet"].as_str().unwrap();
+    assert!(snippet.len() <= 1024 && !snippet.is_empty(), "{} bytes kept", snippet.len());
+    app.stop().await;
+}
+
+async fn a_trickling_2xx_body_cannot_hold_the_attempt_past_its_deadline(backend: Backend) {
+    let Some(app) = spawn_app_with(backend, |c| c.attempt_timeout = Duration::from_millis(800)).await else { return };
+    let addr = destination("127.0.0.11", || Response::new(endless(b"x", Duration::from_millis(50)))).await;
+    let (_, d) = deliver_one(&app, addr, is_final).await;
+    assert_eq!(d["state"], "delivered", "the 2xx stands though the body never ended");
+    assert_eq!(d["attempts"].as_array().unwrap().len(), 1);
+    app.stop().await;
+}
+
+async fn a_destination_that_never_answers_times_out_and_is_retried(backend: Backend) {
+    let Some(app) = spawn_app_with(backend, |c| c.attempt_timeout = Duration::from_millis(500)).await else { return };
+    // Accepts connections and never answers.
+    let listener = tokio::net::TcpListener::bind(("127.0.0.12", 0)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((sock, _)) = listener.accept().await {
+            held.push(sock);
+        }
+    });
+    let (_, d) = deliver_one(&app, addr, |d| d["attempts"].as_array().is_some_and(|a| !a.is_empty())).await;
+    assert_eq!(d["attempts"][0]["error_class"], "timeout");
+    assert_eq!(d["attempts"][0]["status"], Value::Null);
+    assert_eq!(d["state"], "pending", "a timeout is retried");
+    assert_eq!(d["last_error"], "timeout");
+    app.stop().await;
+}
+
+async fn a_410_fails_the_delivery_and_disables_the_subscription(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else { return };
+    let addr = destination("127.0.0.13", || {
+        let mut r = Response::new(Body::empty());
+        *r.status_mut() = StatusCode::GONE;
+        r
+    })
+    .await;
+    let (sub, d) = deliver_one(&app, addr, is_final).await;
+    assert_eq!(d["state"], "failed");
+    assert_eq!(d["attempts"].as_array().unwrap().len(), 1);
+    let sub_id = sub["sub_id"].as_str().unwrap();
+    let disabled = eventually("the subscription to be disabled", || async {
+        let s = app.get_json(&format!("/subscriptions/{sub_id}")).await;
+        (s["state"] == "disabled").then_some(s)
+    })
+    .await;
+    assert_eq!(disabled["state"], "disabled");
+    // Its new deliveries are kept, not attempted.
+    app.send_event("t.y", json!({})).await;
+    let page = app.get_json(&format!("/subscriptions/{sub_id}/deliveries?status=pending")).await;
+    assert_eq!(page["data"].as_array().unwrap().len(), 1, "kept pending while disabled");
+    app.stop().await;
+}
+
+async fn a_400_is_tried_once_and_a_redirect_is_not_followed(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else { return };
+    let bad = destination("127.0.0.14", || {
+        let mut r = Response::new(Body::from("missing field"));
+        *r.status_mut() = StatusCode::BAD_REQUEST;
+        r
+    })
+    .await;
+    let (_, d) = deliver_one(&app, bad, is_final).await;
+    assert_eq!(d["state"], "failed");
+    assert_eq!(d["attempts"].as_array().unwrap().len(), 1);
+    assert_eq!(d["attempts"][0]["status"], 400);
+    assert_eq!(d["attempts"][0]["response_snippet"], "missing field");
+
+    let redirected = TestReceiver::start("127.0.0.15").await;
+    let target = redirected.url();
+    let redirect = destination("127.0.0.16", move || {
+        let mut r = Response::new(Body::empty());
+        *r.status_mut() = StatusCode::FOUND;
+        r.headers_mut().insert("location", target.parse().unwrap());
+        r
+    })
+    .await;
+    let (_, d) = deliver_one(&app, redirect, is_final).await;
+    assert_eq!(d["state"], "failed");
+    assert_eq!(d["attempts"][0]["status"], 302);
+    assert!(redirected.received().is_empty(), "the redirect was not followed");
+    app.stop().await;
+}
