@@ -4,5 +4,6 @@
 
 mod helpers;
 
+mod attempts;
 mod delivery;
 mod process;
