@@ -5,8 +5,9 @@
 
 use std::time::Duration;
 
+use hookd_domain::DeliveryId;
 use hookd_store::{
-    AttemptRecord, ClaimRequest, ClaimedDelivery, Lease, MAX_SNIPPET_BYTES, NextState,
+    AttemptRecord, ClaimRequest, ClaimedDelivery, Delivery, Lease, MAX_SNIPPET_BYTES, NextState,
     RecordOutcome, Result, StoreError,
 };
 use sqlx::{QueryBuilder, Sqlite};
@@ -17,20 +18,41 @@ use crate::codec::{
     self, after, delivery_columns, duration_ms, event_columns, now_ms, subscription_columns, to_ms,
 };
 use crate::error::from_sqlx;
+use crate::subscriptions::DELETED;
 
 /// Ids per `IN (…)` list, far below SQLite's limit on bound values; a claim
 /// batch fits in one statement.
 const IDS_PER_QUERY: usize = 1000;
 
+/// The condition, on a pending due row `d` joined to its subscription `s`,
+/// under which `d` may be claimed now as far as ordering goes: its
+/// subscription is not ordered, or no delivery of it with a smaller id is
+/// still unfinished and none of it is in flight (the trait's ordering rule).
+/// One probe of the partial index `deliveries_unfinished`, whose WHERE the
+/// subquery repeats so the planner can use it. A macro so it can be
+/// `concat!`ed into both queries that must agree on it: claiming, and
+/// listing hosts with claimable work.
+macro_rules! not_blocked_by_order {
+    () => {
+        "(s.ordered = 0 OR NOT EXISTS ( \
+             SELECT 1 FROM deliveries x WHERE x.sub_id = d.sub_id \
+               AND x.state IN ('pending', 'inflight') \
+               AND (x.delivery_id < d.delivery_id OR x.state = 'inflight')))"
+    };
+}
+
 pub(crate) async fn due_destinations(store: &SqliteStore, limit: u32) -> Result<Vec<String>> {
     // Ties on the oldest due time (same millisecond) go to the host whose
     // oldest delivery was created first, so the order is stable.
-    sqlx::query_scalar(
+    // Work blocked behind an ordered head is left out: the dispatcher would
+    // claim nothing for it.
+    sqlx::query_scalar(concat!(
         "SELECT d.destination_host FROM deliveries d JOIN subscriptions s ON s.sub_id = d.sub_id \
-         WHERE d.state = 'pending' AND d.next_attempt_at <= ? AND s.state = 'active' \
-         GROUP BY d.destination_host \
-         ORDER BY MIN(d.next_attempt_at), MIN(d.delivery_id) LIMIT ?",
-    )
+         WHERE d.state = 'pending' AND d.next_attempt_at <= ? AND s.state = 'active' AND ",
+        not_blocked_by_order!(),
+        " GROUP BY d.destination_host \
+         ORDER BY MIN(d.next_attempt_at), MIN(d.delivery_id) LIMIT ?"
+    ))
     .bind(now_ms())
     .bind(i64::from(limit))
     .fetch_all(&store.reader)
@@ -46,16 +68,20 @@ pub(crate) async fn claim_due(
     // can run between choosing rows and marking them inflight.
     let mut tx = store.write().await?;
     let now = now_ms();
-    let ids: Vec<Uuid> = sqlx::query_scalar(
+    // The subquery is evaluated before any row is updated, so within one
+    // batch an ordered subscription's head makes the rows behind it wait
+    // (they see it `pending`): at most one delivery per ordered subscription.
+    let ids: Vec<Uuid> = sqlx::query_scalar(concat!(
         "UPDATE deliveries SET state = 'inflight', lease_token = lease_token + 1, lease_expires = ?, \
          worker_id = ?, updated_at = ? \
          WHERE delivery_id IN ( \
              SELECT d.delivery_id FROM deliveries d JOIN subscriptions s ON s.sub_id = d.sub_id \
              WHERE d.destination_host = ? AND d.state = 'pending' AND d.next_attempt_at <= ? \
-               AND s.state = 'active' \
-             ORDER BY d.next_attempt_at, d.delivery_id LIMIT ?) \
-         RETURNING delivery_id",
-    )
+               AND s.state = 'active' AND ",
+        not_blocked_by_order!(),
+        " ORDER BY d.next_attempt_at, d.delivery_id LIMIT ?) \
+         RETURNING delivery_id"
+    ))
     .bind(after(now, req.lease))
     .bind(&req.worker_id)
     .bind(now)
@@ -246,4 +272,52 @@ pub(crate) async fn reclaim_expired(store: &SqliteStore) -> Result<u64> {
     .map_err(from_sqlx)?;
     tx.commit().await.map_err(from_sqlx)?;
     Ok(done.rows_affected())
+}
+
+pub(crate) async fn replay_delivery(store: &SqliteStore, id: &DeliveryId) -> Result<Delivery> {
+    // A write transaction, so the state read below is still the state when
+    // the update lands: no claim or delete can come in between.
+    let mut tx = store.write().await?;
+    let now = now_ms();
+    let (state, sub_state): (String, String) = sqlx::query_as(
+        "SELECT d.state, s.state FROM deliveries d JOIN subscriptions s ON s.sub_id = d.sub_id \
+         WHERE d.delivery_id = ?",
+    )
+    .bind(id.as_uuid())
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(from_sqlx)?
+    .ok_or(StoreError::NotFound)?;
+    if sub_state == "deleted" {
+        // Nothing claims deliveries of a deleted subscription: replaying one
+        // would leave it pending forever.
+        return Err(StoreError::Conflict(DELETED.to_owned()));
+    }
+    // Only finished deliveries move; one already queued or in flight is left
+    // as it is (and its lease with it).
+    if !matches!(state.as_str(), "pending" | "inflight") {
+        sqlx::query(
+            "UPDATE deliveries SET state = 'pending', next_attempt_at = ?, window_start = ?, \
+             lease_expires = NULL, worker_id = NULL, updated_at = ? WHERE delivery_id = ?",
+        )
+        .bind(now)
+        .bind(now)
+        .bind(now)
+        .bind(id.as_uuid())
+        .execute(&mut *tx)
+        .await
+        .map_err(from_sqlx)?;
+    }
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        delivery_columns!(),
+        " FROM deliveries d WHERE d.delivery_id = ?"
+    ))
+    .bind(id.as_uuid())
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(from_sqlx)?;
+    let (delivery, _) = codec::delivery(&row)?;
+    tx.commit().await.map_err(from_sqlx)?;
+    Ok(delivery)
 }

@@ -21,10 +21,17 @@
 //! Reads use a separate pool of read-only connections; in WAL mode they
 //! never block the writer nor wait for it.
 //!
+//! One process per file: a store holds an exclusive lock on
+//! `<database file>.lock` for as long as it lives, so a second hookd process
+//! on the same file is refused at startup ([`DatabaseInUse`]) instead of
+//! running a second dispatcher with admission caps of its own. Stores within
+//! one process share the lock (see `process_lock`).
+//!
 //! # Layout
 //! - `subscriptions`, `ingest`, `dispatch`, `reading`, `tokens`: the trait's
 //!   operations, grouped as the trait groups them.
 //! - `codec`: between SQLite values and domain types.
+//! - `process_lock`: the one-process-per-file lock.
 //! - `error`: sqlx failures as [`StoreError`].
 //!
 //! # What this crate must not do
@@ -37,6 +44,7 @@ mod codec;
 mod dispatch;
 mod error;
 mod ingest;
+mod process_lock;
 mod reading;
 mod subscriptions;
 mod tokens;
@@ -44,14 +52,15 @@ mod tokens;
 use std::collections::HashMap;
 use std::path::Path;
 use std::str::FromStr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use hookd_domain::{DeliveryId, EventId, SubscriptionId};
 use hookd_store::{
-    Accepted, AttemptRecord, ClaimRequest, ClaimedDelivery, DeliveryDetail, DeliveryQuery, Event,
-    Lease, NewDelivery, NewEvent, NewSubscription, NewToken, RecordOutcome, Result, Store,
-    StoreError, Subscription, SubscriptionPatch, SubscriptionQuery, TokenScope,
+    Accepted, AttemptRecord, ClaimRequest, ClaimedDelivery, Delivery, DeliveryDetail,
+    DeliveryQuery, Event, Lease, NewDelivery, NewEvent, NewSubscription, NewToken, RecordOutcome,
+    Result, Store, StoreError, Subscription, SubscriptionPatch, SubscriptionQuery, TokenScope,
 };
 use sqlx::migrate::{AppliedMigration, Migrate, MigrateError, Migrator};
 use sqlx::sqlite::{
@@ -60,6 +69,8 @@ use sqlx::sqlite::{
 use sqlx::{Sqlite, SqliteConnection, Transaction};
 
 use crate::error::from_sqlx;
+pub use crate::process_lock::DatabaseInUse;
+use crate::process_lock::ProcessLock;
 
 /// The schema, compiled into the binary so a deployment is one file.
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
@@ -85,6 +96,10 @@ pub struct SqliteStore {
     /// Read-only connections, so a read can never take the write lock by
     /// accident and stall the writer.
     reader: SqlitePool,
+    /// This process's hold on the database file, shared by clones; taken
+    /// out by [`close`](Self::close) so a closed store stops keeping other
+    /// processes out.
+    lock: Arc<Mutex<Option<Arc<ProcessLock>>>>,
 }
 
 /// A `--database` URL this store cannot serve.
@@ -100,6 +115,10 @@ impl SqliteStore {
     ///
     /// Does not change the schema: call [`Store::migrate`] for that, so that
     /// a node never migrates by surprise.
+    ///
+    /// [`StoreError::Unavailable`] with a [`DatabaseInUse`] source if another
+    /// process has the file open through a store (see the crate docs);
+    /// another store in this process is fine.
     pub async fn connect(path: &Path) -> Result<Self> {
         Self::connect_with(SqliteConnectOptions::new().filename(path)).await
     }
@@ -127,6 +146,9 @@ impl SqliteStore {
     }
 
     async fn connect_with(options: SqliteConnectOptions) -> Result<Self> {
+        // Before any connection: a refused second process must not so much
+        // as create the WAL or touch the file.
+        let lock = process_lock::acquire(options.get_filename())?;
         let options = options
             .foreign_keys(true)
             .busy_timeout(BUSY_TIMEOUT)
@@ -158,14 +180,26 @@ impl SqliteStore {
             .connect_with(options.read_only(true))
             .await
             .map_err(from_sqlx)?;
-        Ok(Self { writer, reader })
+        Ok(Self {
+            writer,
+            reader,
+            lock: Arc::new(Mutex::new(Some(lock))),
+        })
     }
 
     /// Closes both pools, waiting for connections in use to come back. The
     /// last connection to close checkpoints the WAL into the main file.
+    /// Then lets go of the file lock: once no other store of this process
+    /// holds it, another process may open the file.
     pub async fn close(&self) {
         self.reader.close().await;
         self.writer.close().await;
+        let hold = self
+            .lock
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        drop(hold);
     }
 
     /// Begins a write transaction on the one writer connection.
@@ -329,6 +363,10 @@ impl Store for SqliteStore {
 
     async fn reclaim_expired(&self) -> Result<u64> {
         dispatch::reclaim_expired(self).await
+    }
+
+    async fn replay_delivery(&self, id: &DeliveryId) -> Result<Delivery> {
+        dispatch::replay_delivery(self, id).await
     }
 
     async fn get_delivery(&self, id: &DeliveryId) -> Result<DeliveryDetail> {

@@ -11,8 +11,9 @@ use crate::SqliteStore;
 use crate::codec::{self, encode_patterns, now_ms, subscription_columns, to_ms};
 use crate::error::from_sqlx;
 
-/// The last error of pending deliveries failed by a delete (the trait's words).
-const DELETED: &str = "subscription deleted";
+/// The last error of pending deliveries failed by a delete, and the conflict
+/// a replay of a deleted subscription's delivery reports (the trait's words).
+pub(crate) const DELETED: &str = "subscription deleted";
 
 /// One subscription that is not deleted.
 async fn fetch<'e>(

@@ -60,6 +60,15 @@ macro_rules! conformance_tests {
             renew_extends_only_a_live_lease,
             disabled_subscriptions_keep_their_deliveries_unclaimed,
             due_destinations_lists_hosts_with_due_work,
+            ordered_deliveries_are_claimed_one_at_a_time_in_order,
+            an_ordered_head_waiting_to_retry_blocks_the_deliveries_behind_it,
+            an_ordered_head_that_is_delivered_or_final_unblocks_the_next,
+            concurrent_claimers_never_hold_two_deliveries_of_one_ordered_subscription,
+            ordered_subscriptions_do_not_block_others_on_the_same_host,
+            replaying_a_final_delivery_queues_it_again_with_a_fresh_window,
+            a_replayed_dead_delivery_is_claimable_and_its_attempts_continue,
+            replaying_a_queued_delivery_changes_nothing,
+            replaying_a_delivery_of_a_deleted_subscription_conflicts,
             deliveries_filter_and_page,
             tokens_are_found_by_hash,
             missing_records_are_not_found,
@@ -130,6 +139,50 @@ async fn ingest(store: &Arc<dyn Store>, subs: &[&Subscription]) -> (EventId, Vec
         .await
         .unwrap();
     (acc.event_id, ids)
+}
+
+/// An ordered subscription to `host`.
+async fn ordered_sub(store: &Arc<dyn Store>, host: &str) -> Subscription {
+    let mut n = new_sub(host, None);
+    n.ordered = true;
+    store.create_subscription(n).await.unwrap()
+}
+
+/// Claims what `host` has and returns the claimed delivery ids, in order.
+async fn claim_ids(store: &Arc<dyn Store>, host: &str) -> Vec<DeliveryId> {
+    store
+        .claim_due(&claim_req(host, 10, LONG))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.delivery.id)
+        .collect()
+}
+
+/// Claims exactly one delivery of `host` and returns it.
+async fn claim_one(store: &Arc<dyn Store>, host: &str) -> ClaimedDelivery {
+    let mut got = store.claim_due(&claim_req(host, 10, LONG)).await.unwrap();
+    assert_eq!(
+        got.len(),
+        1,
+        "{:?}",
+        got.iter().map(|c| c.delivery.id).collect::<Vec<_>>()
+    );
+    got.remove(0)
+}
+
+/// Records attempt `attempt + 1` of a claimed delivery, ending in `next`.
+async fn finish(store: &Arc<dyn Store>, c: &ClaimedDelivery, status: u16, next: NextState) {
+    let r = AttemptRecord {
+        lease: c.lease,
+        attempt: attempt(c.delivery.attempt + 1, Some(status)),
+        next,
+        last_error: (status >= 300).then(|| format!("HTTP {status}")),
+    };
+    assert_eq!(
+        store.record_attempt(r).await.unwrap(),
+        RecordOutcome::Recorded
+    );
 }
 
 fn claim_req(host: &str, limit: u32, lease: Duration) -> ClaimRequest {
@@ -1101,6 +1154,357 @@ pub async fn due_destinations_lists_hosts_with_due_work(store: Arc<dyn Store>) {
     assert_eq!(store.due_destinations(10).await.unwrap(), ["b.example"]);
 }
 
+// --- ordered subscriptions -------------------------------------------------------
+
+pub async fn ordered_deliveries_are_claimed_one_at_a_time_in_order(store: Arc<dyn Store>) {
+    let o = ordered_sub(&store, "o.example").await;
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(ingest(&store, &[&o]).await.1[0]);
+    }
+    for (i, id) in ids.iter().enumerate() {
+        let c = claim_one(&store, "o.example").await;
+        assert_eq!(c.delivery.id, *id, "delivery {i} goes in event order");
+        assert!(
+            claim_ids(&store, "o.example").await.is_empty(),
+            "nothing else while delivery {i} is in flight"
+        );
+        assert!(
+            store.due_destinations(10).await.unwrap().is_empty(),
+            "the host has nothing claimable while delivery {i} is in flight"
+        );
+        finish(&store, &c, 200, NextState::Delivered).await;
+    }
+    assert!(claim_ids(&store, "o.example").await.is_empty());
+}
+
+pub async fn an_ordered_head_waiting_to_retry_blocks_the_deliveries_behind_it(
+    store: Arc<dyn Store>,
+) {
+    let o = ordered_sub(&store, "o.example").await;
+    let (_, head) = ingest(&store, &[&o]).await;
+    let (_, next) = ingest(&store, &[&o]).await;
+    let c = claim_one(&store, "o.example").await;
+    assert_eq!(c.delivery.id, head[0]);
+    finish(
+        &store,
+        &c,
+        503,
+        NextState::Retry {
+            delay: Duration::from_secs(3600),
+        },
+    )
+    .await;
+    // The next one is due, but its head has not gone through yet.
+    let behind = store.get_delivery(&next[0]).await.unwrap().delivery;
+    assert_eq!(behind.state, DeliveryState::Pending);
+    assert!(behind.next_attempt_at <= chrono::Utc::now() + chrono::Duration::seconds(1));
+    assert!(claim_ids(&store, "o.example").await.is_empty());
+    assert!(
+        store.due_destinations(10).await.unwrap().is_empty(),
+        "a host whose only due work is blocked is not listed"
+    );
+    // Even after the lease-expiry sweep, the order stands.
+    store.reclaim_expired().await.unwrap();
+    assert!(claim_ids(&store, "o.example").await.is_empty());
+}
+
+pub async fn an_ordered_head_that_is_delivered_or_final_unblocks_the_next(store: Arc<dyn Store>) {
+    let o = ordered_sub(&store, "o.example").await;
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        ids.push(ingest(&store, &[&o]).await.1[0]);
+    }
+    // Delivered: the next goes.
+    let c = claim_one(&store, "o.example").await;
+    assert_eq!(c.delivery.id, ids[0]);
+    finish(&store, &c, 200, NextState::Delivered).await;
+    // A head retried at once is claimed again itself, not the one behind it.
+    let c = claim_one(&store, "o.example").await;
+    assert_eq!(c.delivery.id, ids[1]);
+    finish(
+        &store,
+        &c,
+        500,
+        NextState::Retry {
+            delay: Duration::ZERO,
+        },
+    )
+    .await;
+    let c = claim_one(&store, "o.example").await;
+    assert_eq!(c.delivery.id, ids[1], "the head is retried before the rest");
+    assert_eq!(c.delivery.attempt, 1);
+    // Dead: final, so the next goes.
+    finish(&store, &c, 500, NextState::Dead).await;
+    let c = claim_one(&store, "o.example").await;
+    assert_eq!(c.delivery.id, ids[2]);
+    // Failed: final too.
+    finish(&store, &c, 400, NextState::Failed).await;
+    let c = claim_one(&store, "o.example").await;
+    assert_eq!(c.delivery.id, ids[3]);
+    // A head whose claim is released goes back to the front.
+    assert_eq!(store.release(&[c.lease]).await.unwrap(), 1);
+    assert_eq!(claim_one(&store, "o.example").await.delivery.id, ids[3]);
+}
+
+pub async fn concurrent_claimers_never_hold_two_deliveries_of_one_ordered_subscription(
+    store: Arc<dyn Store>,
+) {
+    let o = ordered_sub(&store, "o.example").await;
+    let total = 40;
+    let mut ids = Vec::new();
+    for _ in 0..total {
+        ids.push(ingest(&store, &[&o]).await.1[0]);
+    }
+    // What the claimers saw: the one delivery in flight, and the order in
+    // which deliveries were claimed. A claimer empties the slot *before*
+    // recording its result, so the slot is empty whenever the store could
+    // legitimately hand out the next one: finding it full means the store
+    // gave out two at once.
+    #[derive(Default)]
+    struct Seen {
+        in_flight: Option<DeliveryId>,
+        order: Vec<DeliveryId>,
+    }
+    let seen = Arc::new(std::sync::Mutex::new(Seen::default()));
+    let claimers: Vec<_> = (0..4)
+        .map(|w| {
+            let (store, seen) = (store.clone(), seen.clone());
+            tokio::spawn(async move {
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+                loop {
+                    if seen.lock().unwrap().order.len() == total {
+                        break;
+                    }
+                    assert!(tokio::time::Instant::now() < deadline, "claimers stalled");
+                    let req = ClaimRequest {
+                        worker_id: format!("w{w}"),
+                        destination: "o.example".into(),
+                        limit: 5,
+                        lease: LONG,
+                    };
+                    let got = store.claim_due(&req).await.unwrap();
+                    assert!(got.len() <= 1, "one claim took {} deliveries", got.len());
+                    let Some(c) = got.into_iter().next() else {
+                        tokio::task::yield_now().await;
+                        continue;
+                    };
+                    {
+                        let mut seen = seen.lock().unwrap();
+                        assert_eq!(
+                            seen.in_flight, None,
+                            "{} was claimed while another was in flight",
+                            c.delivery.id
+                        );
+                        seen.in_flight = Some(c.delivery.id);
+                        seen.order.push(c.delivery.id);
+                    }
+                    tokio::task::yield_now().await;
+                    seen.lock().unwrap().in_flight = None;
+                    finish(&store, &c, 200, NextState::Delivered).await;
+                }
+            })
+        })
+        .collect();
+    for c in futures::future::join_all(claimers).await {
+        c.unwrap();
+    }
+    assert_eq!(seen.lock().unwrap().order, ids, "claimed in event order");
+}
+
+pub async fn ordered_subscriptions_do_not_block_others_on_the_same_host(store: Arc<dyn Store>) {
+    let o = ordered_sub(&store, "shared.example").await;
+    let u = store
+        .create_subscription(new_sub("shared.example", None))
+        .await
+        .unwrap();
+    let (_, first) = ingest(&store, &[&o, &u]).await;
+    let claimed = store
+        .claim_due(&claim_req("shared.example", 10, LONG))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 2, "the ordered head and the other one");
+    for c in &claimed {
+        if c.delivery.id == first[0] {
+            let delay = Duration::from_secs(3600);
+            finish(&store, c, 503, NextState::Retry { delay }).await;
+        } else {
+            finish(&store, c, 200, NextState::Delivered).await;
+        }
+    }
+    // The ordered head waits an hour; the other subscription's work flows.
+    let mut unordered = Vec::new();
+    for _ in 0..3 {
+        unordered.push(ingest(&store, &[&o, &u]).await.1[1]);
+    }
+    assert_eq!(
+        store.due_destinations(10).await.unwrap(),
+        ["shared.example"]
+    );
+    let mut got = claim_ids(&store, "shared.example").await;
+    got.sort();
+    assert_eq!(got, unordered);
+    assert!(store.due_destinations(10).await.unwrap().is_empty());
+}
+
+// --- replay ------------------------------------------------------------------------
+
+pub async fn replaying_a_final_delivery_queues_it_again_with_a_fresh_window(store: Arc<dyn Store>) {
+    let a = store
+        .create_subscription(new_sub("a.example", None))
+        .await
+        .unwrap();
+    let endings = [
+        (200, NextState::Delivered, DeliveryState::Delivered),
+        (400, NextState::Failed, DeliveryState::Failed),
+        (500, NextState::Dead, DeliveryState::Dead),
+    ];
+    for (status, next, state) in endings {
+        let (_, ids) = ingest(&store, &[&a]).await;
+        let c = claim_one(&store, "a.example").await;
+        finish(&store, &c, status, next).await;
+        let before = store.get_delivery(&ids[0]).await.unwrap();
+        assert_eq!(before.delivery.state, state);
+
+        let replayed = store.replay_delivery(&ids[0]).await.unwrap();
+        let now = chrono::Utc::now();
+        assert_eq!(replayed.state, DeliveryState::Pending, "{state:?}");
+        assert_eq!(replayed.attempt, 1, "{state:?}: the count is kept");
+        assert_eq!(replayed.last_status, Some(status), "{state:?}");
+        assert_eq!(
+            replayed.last_error, before.delivery.last_error,
+            "{state:?}: the last error is kept"
+        );
+        assert!(replayed.next_attempt_at <= now + chrono::Duration::seconds(1));
+        assert!(
+            replayed.next_attempt_at >= before.delivery.updated_at - chrono::Duration::seconds(1)
+        );
+        assert!(
+            replayed.window_start >= before.delivery.window_start,
+            "{state:?}: the window restarts"
+        );
+        assert!(
+            (now - replayed.window_start).num_seconds().abs() <= 1,
+            "{state:?}"
+        );
+        assert_eq!(replayed.created_at, before.delivery.created_at);
+        let after = store.get_delivery(&ids[0]).await.unwrap();
+        assert_eq!(
+            after.delivery, replayed,
+            "the returned delivery is the stored one"
+        );
+        assert_eq!(after.attempts, before.attempts, "the history is kept");
+        // Replaying it again while it is queued changes nothing.
+        assert_eq!(store.replay_delivery(&ids[0]).await.unwrap(), replayed);
+        // Due at once: the host is listed and the delivery claimable.
+        assert_eq!(store.due_destinations(10).await.unwrap(), ["a.example"]);
+        let c = claim_one(&store, "a.example").await;
+        assert_eq!(c.delivery.id, ids[0]);
+        finish(&store, &c, 200, NextState::Delivered).await;
+    }
+}
+
+pub async fn a_replayed_dead_delivery_is_claimable_and_its_attempts_continue(
+    store: Arc<dyn Store>,
+) {
+    let o = ordered_sub(&store, "o.example").await;
+    let (_, dead) = ingest(&store, &[&o]).await;
+    let (_, later) = ingest(&store, &[&o]).await;
+    // Two attempts, the second exhausting retries.
+    let c = claim_one(&store, "o.example").await;
+    finish(
+        &store,
+        &c,
+        500,
+        NextState::Retry {
+            delay: Duration::ZERO,
+        },
+    )
+    .await;
+    let c = claim_one(&store, "o.example").await;
+    assert_eq!(c.delivery.id, dead[0]);
+    finish(&store, &c, 500, NextState::Dead).await;
+    // The next one went through meanwhile.
+    let c = claim_one(&store, "o.example").await;
+    assert_eq!(c.delivery.id, later[0]);
+    finish(&store, &c, 200, NextState::Delivered).await;
+
+    let replayed = store.replay_delivery(&dead[0]).await.unwrap();
+    assert_eq!(replayed.state, DeliveryState::Pending);
+    assert_eq!(replayed.attempt, 2);
+    let c = claim_one(&store, "o.example").await;
+    assert_eq!(
+        c.delivery.id, dead[0],
+        "a replayed delivery is claimable again"
+    );
+    assert_eq!(c.delivery.attempt, 2);
+    finish(&store, &c, 200, NextState::Delivered).await;
+    let d = store.get_delivery(&dead[0]).await.unwrap();
+    assert_eq!(d.delivery.state, DeliveryState::Delivered);
+    assert_eq!(d.delivery.attempt, 3);
+    assert_eq!(d.delivery.last_error, None);
+    assert_eq!(
+        d.attempts
+            .iter()
+            .map(|a| (a.number, a.status))
+            .collect::<Vec<_>>(),
+        [(1, Some(500)), (2, Some(500)), (3, Some(200))],
+        "the replay's attempt is number attempt + 1"
+    );
+}
+
+pub async fn replaying_a_queued_delivery_changes_nothing(store: Arc<dyn Store>) {
+    let a = store
+        .create_subscription(new_sub("a.example", None))
+        .await
+        .unwrap();
+    let (_, pending) = ingest(&store, &[&a]).await;
+    let before = store.get_delivery(&pending[0]).await.unwrap().delivery;
+    assert_eq!(store.replay_delivery(&pending[0]).await.unwrap(), before);
+    assert_eq!(
+        store.get_delivery(&pending[0]).await.unwrap().delivery,
+        before
+    );
+
+    let c = claim_one(&store, "a.example").await;
+    let inflight = store.get_delivery(&pending[0]).await.unwrap().delivery;
+    assert_eq!(inflight.state, DeliveryState::Inflight);
+    assert_eq!(store.replay_delivery(&pending[0]).await.unwrap(), inflight);
+    assert_eq!(
+        store.get_delivery(&pending[0]).await.unwrap().delivery,
+        inflight
+    );
+    // The lease is undisturbed.
+    assert!(store.renew_lease(&c.lease, LONG).await.unwrap());
+    finish(&store, &c, 200, NextState::Delivered).await;
+}
+
+pub async fn replaying_a_delivery_of_a_deleted_subscription_conflicts(store: Arc<dyn Store>) {
+    let a = store
+        .create_subscription(new_sub("a.example", None))
+        .await
+        .unwrap();
+    let (_, delivered) = ingest(&store, &[&a]).await;
+    let c = claim_one(&store, "a.example").await;
+    finish(&store, &c, 200, NextState::Delivered).await;
+    // Failed by the delete itself.
+    let (_, cut_off) = ingest(&store, &[&a]).await;
+    store.delete_subscription(&a.id).await.unwrap();
+    for id in [delivered[0], cut_off[0]] {
+        let before = store.get_delivery(&id).await.unwrap();
+        match store.replay_delivery(&id).await {
+            Err(StoreError::Conflict(m)) => assert_eq!(m, "subscription deleted"),
+            other => panic!("expected a conflict, got {other:?}"),
+        }
+        assert_eq!(
+            store.get_delivery(&id).await.unwrap(),
+            before,
+            "nothing changed"
+        );
+    }
+    assert!(claim_ids(&store, "a.example").await.is_empty());
+}
+
 pub async fn deliveries_filter_and_page(store: Arc<dyn Store>) {
     let a = store
         .create_subscription(new_sub("a.example", None))
@@ -1276,6 +1680,10 @@ pub async fn missing_records_are_not_found(store: Arc<dyn Store>) {
     ));
     assert!(matches!(
         store.get_subscription(&SubscriptionId::new()).await,
+        Err(StoreError::NotFound)
+    ));
+    assert!(matches!(
+        store.replay_delivery(&DeliveryId::new()).await,
         Err(StoreError::NotFound)
     ));
     store.ping().await.unwrap();

@@ -103,9 +103,13 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     // --- dispatch ---------------------------------------------------------
 
-    /// Destination hosts that have due work now (`pending` with
-    /// `next_attempt_at <= now`) for an active subscription, most overdue
-    /// first, at most `limit`.
+    /// Destination hosts that have claimable work now, most overdue first, at
+    /// most `limit`: a host is listed when [`claim_due`](Store::claim_due)
+    /// would return something for it, i.e. it has a `pending` delivery with
+    /// `next_attempt_at <= now`, of an active subscription, that is not
+    /// blocked behind the head of an ordered subscription. Listing a host
+    /// whose only due work is blocked would send the dispatcher to claim
+    /// nothing, again and again, for as long as the head waits.
     async fn due_destinations(&self, limit: u32) -> Result<Vec<String>>;
 
     /// Claims up to `req.limit` due deliveries of one destination, oldest
@@ -116,6 +120,21 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Two concurrent claimers (in this or another process) never receive the
     /// same delivery while its lease is live: on PostgreSQL this is
     /// `FOR UPDATE SKIP LOCKED`, on SQLite a write transaction.
+    ///
+    /// **Ordered subscriptions** (`Subscription::ordered`) get their
+    /// deliveries one at a time, in event order (delivery id order: ids are
+    /// UUIDv7, made at ingest in event order). A delivery of an ordered
+    /// subscription is claimable only if, besides being due, no delivery of
+    /// the same subscription with a smaller id is `pending` or `inflight`, and
+    /// none of that subscription's deliveries is `inflight`. So a head that
+    /// fails and waits for its retry blocks everything behind it, even work
+    /// that is due, until it is delivered or becomes final (`failed`,
+    /// `dead`); and a replayed old delivery goes first again. The check is by
+    /// subscription, not by destination, so it holds across a URL change.
+    /// This holds under concurrent claimers too: a claimer that skips a head
+    /// another claimer is taking still sees the head `pending`, so it takes
+    /// nothing of that subscription. Other subscriptions on the same host
+    /// are not held up.
     async fn claim_due(&self, req: &ClaimRequest) -> Result<Vec<ClaimedDelivery>>;
 
     /// Records one attempt (an `attempts` row) and moves the delivery to its
@@ -137,6 +156,25 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Makes deliveries whose lease expired claimable again (`inflight` →
     /// `pending`). Returns how many. Run periodically by every worker.
     async fn reclaim_expired(&self) -> Result<u64>;
+
+    /// Queues a delivery that has finished (`delivered`, `failed`, `dead`) to
+    /// be sent again: it becomes `pending`, due now, with a fresh retry
+    /// window (`window_start = now`), so the retry policy's age limit counts
+    /// from the replay rather than from ingest. `attempt`, the attempt
+    /// history and `last_status`/`last_error` are kept, so the next attempt
+    /// is numbered `attempt + 1` and the log reads as one story. Returns the
+    /// delivery as it is after the call.
+    ///
+    /// A delivery that is already `pending` or `inflight` is returned
+    /// unchanged: it is queued or being sent already, so a replay has nothing
+    /// to add, and treating it as an error would make a retried or
+    /// double-clicked replay fail. In particular a live lease is not
+    /// disturbed.
+    ///
+    /// `NotFound` if the delivery does not exist; `Conflict("subscription
+    /// deleted")` if its subscription is deleted (nothing would ever claim
+    /// it).
+    async fn replay_delivery(&self, id: &DeliveryId) -> Result<Delivery>;
 
     // --- reading ----------------------------------------------------------
 
