@@ -5,6 +5,7 @@
 
 use axum::Json;
 use axum::extract::State;
+use axum::http::StatusCode;
 use hookd_domain::delivery::{DeliveryState, ErrorClass};
 use hookd_domain::event_type::EventType;
 use hookd_domain::{DeliveryId, EventId, SubscriptionId, Timestamp};
@@ -150,19 +151,44 @@ pub(crate) async fn get(
     caller: Caller,
     IdPath(id): IdPath<DeliveryId>,
 ) -> Result<Json<DeliveryView>, ApiError> {
+    Ok(Json(visible_delivery(&state, &caller, &id).await?.into()))
+}
+
+/// `POST /deliveries/{id}/replay`: a delivered, failed or dead delivery goes
+/// back to pending with a fresh retry window; its `webhook-id` does not
+/// change, so a consumer that already processed it can recognise it. A
+/// delivery that is already pending or in flight is left as it is.
+pub(crate) async fn replay(
+    State(state): State<AppState>,
+    caller: Caller,
+    IdPath(id): IdPath<DeliveryId>,
+) -> Result<(StatusCode, Json<DeliveryView>), ApiError> {
+    visible_delivery(&state, &caller, &id).await?;
+    state.store().replay_delivery(&id).await.map_err(|e| match e {
+        StoreError::NotFound => ApiError::not_found("delivery"),
+        e => e.into(),
+    })?;
+    state.wake().notify_one();
+    let detail = visible_delivery(&state, &caller, &id).await?;
+    Ok((StatusCode::ACCEPTED, Json(detail.into())))
+}
+
+/// The delivery with its attempts, if the caller may see it: a delivery is
+/// its subscription's customer's, and a deleted or foreign subscription
+/// hides it (404, never 403).
+async fn visible_delivery(state: &AppState, caller: &Caller, id: &DeliveryId) -> Result<DeliveryDetail, ApiError> {
     let not_found = || ApiError::not_found("delivery");
-    let detail = state.store().get_delivery(&id).await.map_err(|e| match e {
+    let detail = state.store().get_delivery(id).await.map_err(|e| match e {
         StoreError::NotFound => not_found(),
         e => e.into(),
     })?;
     if caller.customer().is_some() {
-        // Ownership is the subscription's; a deleted or foreign one hides it.
-        visible(&state, &caller, &detail.delivery.sub_id)
+        visible(state, caller, &detail.delivery.sub_id)
             .await
             .map_err(|e| match e {
                 ApiError::NotFound(_) => not_found(),
                 e => e,
             })?;
     }
-    Ok(Json(detail.into()))
+    Ok(detail)
 }
