@@ -8,9 +8,10 @@ use async_trait::async_trait;
 use hookd_domain::CustomerId;
 use hookd_domain::{DeliveryId, EventId, SubscriptionId};
 use hookd_store::{
-    Accepted, Attempt, AttemptRecord, ClaimRequest, ClaimedDelivery, DeliveryDetail, DeliveryQuery,
-    Event, Lease, NewDelivery, NewEvent, NewSubscription, NewToken, NextState, RecordOutcome,
-    Result, Store, StoreError, Subscription, SubscriptionPatch, SubscriptionQuery, TokenScope,
+    Accepted, Attempt, AttemptRecord, ClaimRequest, ClaimedDelivery, Delivery, DeliveryDetail,
+    DeliveryQuery, Event, Lease, NewDelivery, NewEvent, NewSubscription, NewToken, NextState,
+    RecordOutcome, Result, Store, StoreError, Subscription, SubscriptionPatch, SubscriptionQuery,
+    TokenScope,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{Postgres, Row, Transaction};
@@ -21,6 +22,31 @@ use crate::error::{map, map_migrate};
 use crate::rows::{self, delivery_cols, event_cols, subscription_cols};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// The condition, on a pending due row `d` joined to its subscription `s`,
+/// under which `d` may be claimed now as far as ordering goes: its
+/// subscription is not ordered, or no delivery of it with a smaller id is
+/// still unfinished and none of it is in flight (the trait's ordering rule).
+/// One probe of the partial index `deliveries_unfinished`.
+///
+/// Under `FOR UPDATE SKIP LOCKED` this is also what keeps two claimers apart:
+/// a claimer that skips a head another claimer has locked still sees that
+/// head `pending` in its snapshot, so the rows behind it fail this check
+/// instead of being taken next. A macro so it can be `concat!`ed into both
+/// queries that must agree on it: claiming, and listing hosts with
+/// claimable work.
+macro_rules! not_blocked_by_order {
+    () => {
+        "(NOT s.ordered OR NOT EXISTS ( \
+             SELECT 1 FROM deliveries x WHERE x.sub_id = d.sub_id \
+               AND x.state IN ('pending', 'inflight') \
+               AND (x.delivery_id < d.delivery_id OR x.state = 'inflight')))"
+    };
+}
+
+/// `last_error` of deliveries failed by a subscription delete, and the
+/// conflict a replay of such a subscription's delivery reports.
+const DELETED: &str = "subscription deleted";
 
 /// Durations travel to SQL as whole microseconds (`$n * interval '1 microsecond'`),
 /// PostgreSQL's own resolution, so no float rounding moves a due time.
@@ -292,11 +318,12 @@ impl Store for PgStore {
             // longer in flight (LeaseLost), and no release or reclaim can bring
             // it back to a pending that nothing would ever claim.
             sqlx::query(
-                "UPDATE deliveries SET state = 'failed', last_error = 'subscription deleted', updated_at = now(), \
+                "UPDATE deliveries SET state = 'failed', last_error = $2, updated_at = now(), \
                  lease_expires = NULL, worker_id = NULL \
                  WHERE sub_id = $1 AND state IN ('pending', 'inflight')",
             )
             .bind(id.as_uuid())
+            .bind(DELETED)
             .execute(&mut *tx)
             .await
             .map_err(map)?;
@@ -398,11 +425,14 @@ impl Store for PgStore {
 
     async fn due_destinations(&self, limit: u32) -> Result<Vec<String>> {
         self.bounded(async {
-            let rows = sqlx::query(
+            // Work blocked behind an ordered head is left out: the
+            // dispatcher would claim nothing for it.
+            let rows = sqlx::query(concat!(
                 "SELECT d.destination_host FROM deliveries d JOIN subscriptions s ON s.sub_id = d.sub_id \
-                 WHERE d.state = 'pending' AND d.next_attempt_at <= now() AND s.state = 'active' \
-                 GROUP BY d.destination_host ORDER BY min(d.next_attempt_at), d.destination_host LIMIT $1",
-            )
+                 WHERE d.state = 'pending' AND d.next_attempt_at <= now() AND s.state = 'active' AND ",
+                not_blocked_by_order!(),
+                " GROUP BY d.destination_host ORDER BY min(d.next_attempt_at), d.destination_host LIMIT $1"
+            ))
             .bind(i64::from(limit))
             .fetch_all(&self.pool)
             .await
@@ -416,12 +446,15 @@ impl Store for PgStore {
         self.bounded(async {
             // One statement: pick (skipping rows another claimer holds), mark
             // inflight with a fresh token, and read back all the worker needs.
+            // The ordering check reads the statement's snapshot, so within
+            // one batch the rows behind an ordered head see it `pending`.
             let rows = sqlx::query(concat!(
                 "WITH due AS ( \
                      SELECT d.delivery_id FROM deliveries d JOIN subscriptions s ON s.sub_id = d.sub_id \
                      WHERE d.destination_host = $1 AND d.state = 'pending' AND d.next_attempt_at <= now() \
-                       AND s.state = 'active' \
-                     ORDER BY d.next_attempt_at, d.delivery_id LIMIT $2 \
+                       AND s.state = 'active' AND ",
+                not_blocked_by_order!(),
+                " ORDER BY d.next_attempt_at, d.delivery_id LIMIT $2 \
                      FOR UPDATE OF d SKIP LOCKED \
                  ), claimed AS ( \
                      UPDATE deliveries u SET state = 'inflight', lease_token = u.lease_token + 1, \
@@ -557,6 +590,58 @@ impl Store for PgStore {
             .await
             .map_err(map)?;
             Ok(res.rows_affected())
+        })
+        .await
+    }
+
+    async fn replay_delivery(&self, id: &DeliveryId) -> Result<Delivery> {
+        self.bounded(async {
+            let mut tx = begin(self).await?;
+            // The delivery row is locked so no claim or result lands between
+            // the check and the update. The subscription row is share-locked
+            // so a concurrent delete either commits first (and is seen here)
+            // or waits for the replay (and then fails the replayed row as it
+            // fails every pending one): a replay never leaves a pending
+            // delivery of a deleted subscription behind.
+            let row = sqlx::query(
+                "SELECT d.state, s.state AS sub_state FROM deliveries d \
+                 JOIN subscriptions s ON s.sub_id = d.sub_id \
+                 WHERE d.delivery_id = $1 FOR UPDATE OF d FOR SHARE OF s",
+            )
+            .bind(id.as_uuid())
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map)?
+            .ok_or(StoreError::NotFound)?;
+            let state: String = row.try_get("state").map_err(map)?;
+            let sub_state: String = row.try_get("sub_state").map_err(map)?;
+            if sub_state == "deleted" {
+                // Nothing claims deliveries of a deleted subscription.
+                return Err(StoreError::Conflict(DELETED.to_owned()));
+            }
+            // Only finished deliveries move; one already queued or in flight
+            // is returned as it is (and its lease with it).
+            let row = if matches!(state.as_str(), "pending" | "inflight") {
+                sqlx::query(concat!("SELECT ", delivery_cols!(), " FROM deliveries d WHERE d.delivery_id = $1"))
+                    .bind(id.as_uuid())
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(map)?
+            } else {
+                sqlx::query(concat!(
+                    "UPDATE deliveries d SET state = 'pending', next_attempt_at = now(), window_start = now(), \
+                     lease_expires = NULL, worker_id = NULL, updated_at = now() \
+                     WHERE d.delivery_id = $1 RETURNING ",
+                    delivery_cols!()
+                ))
+                .bind(id.as_uuid())
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(map)?
+            };
+            let delivery = rows::delivery(&row)?;
+            commit(tx).await?;
+            Ok(delivery)
         })
         .await
     }
