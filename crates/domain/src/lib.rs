@@ -11,6 +11,8 @@
 //! - [`retry`]: the retry schedule (full jitter, capped, bounded by age and count).
 //! - [`classify`]: what an HTTP response or transport error means for a delivery.
 //! - [`signing`]: Standard Webhooks signatures and the stable idempotency key.
+//! - [`isolation`]: per-destination admission: concurrency cap, circuit
+//!   breaker, adaptive token bucket, recovery ramp, fair share, backlog floor.
 //!
 //! # What this crate must not do
 //! No tokio, no sqlx, no axum, no reqwest, no reading the wall clock except
@@ -24,6 +26,7 @@ pub mod delivery;
 pub mod destination;
 pub mod event_type;
 pub mod id;
+pub mod isolation;
 pub mod matching;
 pub mod retry;
 pub mod signing;
