@@ -8,10 +8,10 @@ use async_trait::async_trait;
 use hookd_domain::CustomerId;
 use hookd_domain::{DeliveryId, EventId, SubscriptionId};
 use hookd_store::{
-    Accepted, Attempt, AttemptRecord, ClaimRequest, ClaimedDelivery, Delivery, DeliveryDetail,
-    DeliveryQuery, Event, Lease, NewDelivery, NewEvent, NewSubscription, NewToken, NextState,
-    RecordOutcome, Result, Store, StoreError, Subscription, SubscriptionPatch, SubscriptionQuery,
-    TokenScope,
+    Accepted, Attempt, AttemptRecord, ClaimOrder, ClaimRequest, ClaimedDelivery, Delivery,
+    DeliveryDetail, DeliveryQuery, DueDestination, DueSubscription, Event, Lease, NewDelivery,
+    NewEvent, NewSubscription, NewToken, NextState, RecordOutcome, Result, Store, StoreError,
+    Subscription, SubscriptionPatch, SubscriptionQuery, TokenScope,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{Postgres, Row, Transaction};
@@ -41,6 +41,57 @@ macro_rules! not_blocked_by_order {
              SELECT 1 FROM deliveries x WHERE x.sub_id = d.sub_id \
                AND x.state IN ('pending', 'inflight') \
                AND (x.delivery_id < d.delivery_id OR x.state = 'inflight')))"
+    };
+}
+
+/// Pending due rows `d` of active subscriptions `s` that may be claimed now:
+/// what both `due_destinations` and `claim_due` select from.
+macro_rules! claimable {
+    () => {
+        concat!(
+            "d.state = 'pending' AND d.next_attempt_at <= now() AND s.state = 'active' AND ",
+            not_blocked_by_order!()
+        )
+    };
+}
+
+/// The claim statement for one filter and one order (`$order` names
+/// columns of `d`, which is `deliveries` in the pick and the claimed rows
+/// when they are read back, so one order serves both). Parameters: $1 host, $2 limit, $3 lease in
+/// microseconds, $4 worker, $5 subscription (only the variants that filter
+/// on it use it).
+///
+/// One statement: pick (skipping rows another claimer holds), mark inflight
+/// with a fresh token, and read back all the worker needs. The ordering
+/// check reads the statement's snapshot, so within one batch the rows behind
+/// an ordered head see it `pending`.
+macro_rules! claim_sql {
+    ($filter:literal, $order:literal) => {
+        concat!(
+            "WITH due AS ( \
+                 SELECT d.delivery_id FROM deliveries d JOIN subscriptions s ON s.sub_id = d.sub_id \
+                 WHERE d.destination_host = $1 ",
+            $filter,
+            " AND ",
+            claimable!(),
+            " ORDER BY ",
+            $order,
+            " LIMIT $2 FOR UPDATE OF d SKIP LOCKED \
+             ), claimed AS ( \
+                 UPDATE deliveries u SET state = 'inflight', lease_token = u.lease_token + 1, \
+                   lease_expires = now() + $3 * interval '1 microsecond', worker_id = $4, updated_at = now() \
+                 FROM due WHERE u.delivery_id = due.delivery_id RETURNING u.* \
+             ) SELECT ",
+            delivery_cols!(),
+            ", ",
+            event_cols!(),
+            ", ",
+            subscription_cols!(),
+            " FROM claimed d JOIN events e ON e.event_id = d.event_id \
+             JOIN subscriptions s ON s.sub_id = d.sub_id \
+             ORDER BY ",
+            $order
+        )
     };
 }
 
@@ -423,65 +474,92 @@ impl Store for PgStore {
 
     // --- dispatch ------------------------------------------------------------
 
-    async fn due_destinations(&self, limit: u32) -> Result<Vec<String>> {
+    async fn due_destinations(&self, limit: u32) -> Result<Vec<DueDestination>> {
         self.bounded(async {
+            // One statement: group claimable rows by (host, subscription),
+            // pick the `limit` most overdue hosts from those groups, and
+            // return every group of those hosts, host by host. The limit is
+            // on hosts, so it sits on the `hosts` CTE, never on the rows.
             // Work blocked behind an ordered head is left out: the
             // dispatcher would claim nothing for it.
             let rows = sqlx::query(concat!(
-                "SELECT d.destination_host FROM deliveries d JOIN subscriptions s ON s.sub_id = d.sub_id \
-                 WHERE d.state = 'pending' AND d.next_attempt_at <= now() AND s.state = 'active' AND ",
-                not_blocked_by_order!(),
-                " GROUP BY d.destination_host ORDER BY min(d.next_attempt_at), d.destination_host LIMIT $1"
+                "WITH subs AS ( \
+                     SELECT d.destination_host AS host, d.sub_id, \
+                            min(d.next_attempt_at) AS oldest, max(d.next_attempt_at) AS newest \
+                     FROM deliveries d JOIN subscriptions s ON s.sub_id = d.sub_id \
+                     WHERE ",
+                claimable!(),
+                " GROUP BY d.destination_host, d.sub_id \
+                 ), hosts AS ( \
+                     SELECT host, min(oldest) AS oldest FROM subs \
+                     GROUP BY host ORDER BY min(oldest), host LIMIT $1 \
+                 ) \
+                 SELECT subs.host, subs.sub_id, subs.oldest, subs.newest \
+                 FROM subs JOIN hosts ON hosts.host = subs.host \
+                 ORDER BY hosts.oldest, hosts.host, subs.oldest, subs.sub_id"
             ))
             .bind(i64::from(limit))
             .fetch_all(&self.pool)
             .await
             .map_err(map)?;
-            rows.iter().map(|r| r.try_get("destination_host").map_err(map)).collect()
+            let mut due: Vec<DueDestination> = Vec::new();
+            for row in &rows {
+                let host: String = row.try_get("host").map_err(map)?;
+                let sub = DueSubscription {
+                    sub_id: SubscriptionId::from_uuid(row.try_get("sub_id").map_err(map)?),
+                    oldest_due_at: row.try_get("oldest").map_err(map)?,
+                    newest_due_at: row.try_get("newest").map_err(map)?,
+                };
+                match due.last_mut() {
+                    Some(last) if last.host == host => last.subscriptions.push(sub),
+                    _ => due.push(DueDestination {
+                        host,
+                        subscriptions: vec![sub],
+                    }),
+                }
+            }
+            Ok(due)
         })
         .await
     }
 
     async fn claim_due(&self, req: &ClaimRequest) -> Result<Vec<ClaimedDelivery>> {
+        // Four fixed statements rather than one with `$5 IS NULL OR …`, so
+        // the planner sees the subscription filter when there is one and can
+        // use `deliveries_due_sub` for it.
+        let sql = match (req.subscription.is_some(), req.order) {
+            (false, ClaimOrder::OldestFirst) => claim_sql!("", "d.next_attempt_at, d.delivery_id"),
+            (false, ClaimOrder::NewestFirst) => {
+                claim_sql!("", "d.next_attempt_at DESC, d.delivery_id DESC")
+            }
+            (true, ClaimOrder::OldestFirst) => {
+                claim_sql!("AND d.sub_id = $5", "d.next_attempt_at, d.delivery_id")
+            }
+            (true, ClaimOrder::NewestFirst) => {
+                claim_sql!(
+                    "AND d.sub_id = $5",
+                    "d.next_attempt_at DESC, d.delivery_id DESC"
+                )
+            }
+        };
         self.bounded(async {
-            // One statement: pick (skipping rows another claimer holds), mark
-            // inflight with a fresh token, and read back all the worker needs.
-            // The ordering check reads the statement's snapshot, so within
-            // one batch the rows behind an ordered head see it `pending`.
-            let rows = sqlx::query(concat!(
-                "WITH due AS ( \
-                     SELECT d.delivery_id FROM deliveries d JOIN subscriptions s ON s.sub_id = d.sub_id \
-                     WHERE d.destination_host = $1 AND d.state = 'pending' AND d.next_attempt_at <= now() \
-                       AND s.state = 'active' AND ",
-                not_blocked_by_order!(),
-                " ORDER BY d.next_attempt_at, d.delivery_id LIMIT $2 \
-                     FOR UPDATE OF d SKIP LOCKED \
-                 ), claimed AS ( \
-                     UPDATE deliveries u SET state = 'inflight', lease_token = u.lease_token + 1, \
-                       lease_expires = now() + $3 * interval '1 microsecond', worker_id = $4, updated_at = now() \
-                     FROM due WHERE u.delivery_id = due.delivery_id RETURNING u.* \
-                 ) SELECT ",
-                delivery_cols!(),
-                ", ",
-                event_cols!(),
-                ", ",
-                subscription_cols!(),
-                " FROM claimed d JOIN events e ON e.event_id = d.event_id \
-                 JOIN subscriptions s ON s.sub_id = d.sub_id \
-                 ORDER BY d.next_attempt_at, d.delivery_id"
-            ))
-            .bind(&req.destination)
-            .bind(i64::from(req.limit))
-            .bind(micros(req.lease))
-            .bind(&req.worker_id)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(map)?;
+            let mut claim = sqlx::query(sql)
+                .bind(&req.destination)
+                .bind(i64::from(req.limit))
+                .bind(micros(req.lease))
+                .bind(&req.worker_id);
+            if let Some(sub) = &req.subscription {
+                claim = claim.bind(sub.as_uuid());
+            }
+            let rows = claim.fetch_all(&self.pool).await.map_err(map)?;
             rows.iter()
                 .map(|row| {
                     let delivery = rows::delivery(row)?;
                     Ok(ClaimedDelivery {
-                        lease: Lease { delivery_id: delivery.id, token: rows::lease_token(row)? },
+                        lease: Lease {
+                            delivery_id: delivery.id,
+                            token: rows::lease_token(row)?,
+                        },
                         delivery,
                         event: rows::event(row)?,
                         subscription: rows::subscription(row)?,

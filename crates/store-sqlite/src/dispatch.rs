@@ -5,17 +5,18 @@
 
 use std::time::Duration;
 
-use hookd_domain::DeliveryId;
+use hookd_domain::{DeliveryId, SubscriptionId};
 use hookd_store::{
-    AttemptRecord, ClaimRequest, ClaimedDelivery, Delivery, Lease, MAX_SNIPPET_BYTES, NextState,
-    RecordOutcome, Result, StoreError,
+    AttemptRecord, ClaimOrder, ClaimRequest, ClaimedDelivery, Delivery, DueDestination,
+    DueSubscription, Lease, MAX_SNIPPET_BYTES, NextState, RecordOutcome, Result, StoreError,
 };
 use sqlx::{QueryBuilder, Sqlite};
 use uuid::Uuid;
 
 use crate::SqliteStore;
 use crate::codec::{
-    self, after, delivery_columns, duration_ms, event_columns, now_ms, subscription_columns, to_ms,
+    self, after, delivery_columns, duration_ms, event_columns, from_ms, now_ms,
+    subscription_columns, to_ms,
 };
 use crate::error::from_sqlx;
 use crate::subscriptions::DELETED;
@@ -41,29 +42,115 @@ macro_rules! not_blocked_by_order {
     };
 }
 
-pub(crate) async fn due_destinations(store: &SqliteStore, limit: u32) -> Result<Vec<String>> {
-    // Ties on the oldest due time (same millisecond) go to the host whose
-    // oldest delivery was created first, so the order is stable.
-    // Work blocked behind an ordered head is left out: the dispatcher would
-    // claim nothing for it.
-    sqlx::query_scalar(concat!(
-        "SELECT d.destination_host FROM deliveries d JOIN subscriptions s ON s.sub_id = d.sub_id \
-         WHERE d.state = 'pending' AND d.next_attempt_at <= ? AND s.state = 'active' AND ",
-        not_blocked_by_order!(),
-        " GROUP BY d.destination_host \
-         ORDER BY MIN(d.next_attempt_at), MIN(d.delivery_id) LIMIT ?"
+/// Pending due rows `d` of active subscriptions `s` that may be claimed
+/// now (`$now`, the parameter holding the store's clock): what both
+/// `due_destinations` and `claim_due` select from.
+macro_rules! claimable {
+    ($now:literal) => {
+        concat!(
+            "d.state = 'pending' AND d.next_attempt_at <= ",
+            $now,
+            " AND s.state = 'active' AND ",
+            not_blocked_by_order!()
+        )
+    };
+}
+
+pub(crate) async fn due_destinations(
+    store: &SqliteStore,
+    limit: u32,
+) -> Result<Vec<DueDestination>> {
+    // One statement: group claimable rows by (host, subscription), pick the
+    // `limit` most overdue hosts from those groups, and return every group of
+    // those hosts, host by host. The limit is on hosts, so it sits on the
+    // `hosts` CTE, never on the rows. Ties on the oldest due time (same
+    // millisecond) go to the host, and subscription, whose oldest claimable
+    // delivery was created first, so the order is stable.
+    let rows: Vec<(String, Uuid, i64, i64)> = sqlx::query_as(concat!(
+        "WITH subs AS ( \
+             SELECT d.destination_host AS host, d.sub_id AS sub_id, \
+                    MIN(d.next_attempt_at) AS oldest, MAX(d.next_attempt_at) AS newest, \
+                    MIN(d.delivery_id) AS first_id \
+             FROM deliveries d JOIN subscriptions s ON s.sub_id = d.sub_id \
+             WHERE ",
+        claimable!("?1"),
+        " GROUP BY d.destination_host, d.sub_id \
+         ), hosts AS ( \
+             SELECT host, MIN(oldest) AS oldest, MIN(first_id) AS first_id FROM subs \
+             GROUP BY host ORDER BY MIN(oldest), MIN(first_id) LIMIT ?2 \
+         ) \
+         SELECT subs.host, subs.sub_id, subs.oldest, subs.newest \
+         FROM subs JOIN hosts ON hosts.host = subs.host \
+         ORDER BY hosts.oldest, hosts.first_id, subs.oldest, subs.first_id"
     ))
     .bind(now_ms())
     .bind(i64::from(limit))
     .fetch_all(&store.reader)
     .await
-    .map_err(from_sqlx)
+    .map_err(from_sqlx)?;
+    let mut due: Vec<DueDestination> = Vec::new();
+    for (host, sub_id, oldest, newest) in rows {
+        let sub = DueSubscription {
+            sub_id: SubscriptionId::from_uuid(sub_id),
+            oldest_due_at: from_ms(oldest, "next_attempt_at")?,
+            newest_due_at: from_ms(newest, "next_attempt_at")?,
+        };
+        match due.last_mut() {
+            Some(last) if last.host == host => last.subscriptions.push(sub),
+            _ => due.push(DueDestination {
+                host,
+                subscriptions: vec![sub],
+            }),
+        }
+    }
+    Ok(due)
+}
+
+/// The statement that picks and marks a claim's rows, for one filter and one
+/// order. Parameters are numbered, so every variant binds the same list:
+/// ?1 lease expiry, ?2 worker, ?3 now, ?4 host, ?5 limit, ?6 subscription
+/// (only the variants that filter on it use it).
+macro_rules! claim_sql {
+    ($filter:literal, $order:literal) => {
+        concat!(
+            "UPDATE deliveries SET state = 'inflight', lease_token = lease_token + 1, \
+             lease_expires = ?1, worker_id = ?2, updated_at = ?3 \
+             WHERE delivery_id IN ( \
+                 SELECT d.delivery_id FROM deliveries d JOIN subscriptions s ON s.sub_id = d.sub_id \
+                 WHERE d.destination_host = ?4 ",
+            $filter,
+            " AND ",
+            claimable!("?3"),
+            " ORDER BY ",
+            $order,
+            " LIMIT ?5) \
+             RETURNING delivery_id"
+        )
+    };
 }
 
 pub(crate) async fn claim_due(
     store: &SqliteStore,
     req: &ClaimRequest,
 ) -> Result<Vec<ClaimedDelivery>> {
+    // Four fixed statements rather than one with `?sub IS NULL OR …`, so the
+    // planner sees the subscription filter when there is one and can use
+    // `deliveries_due_sub` for it.
+    let sql = match (req.subscription.is_some(), req.order) {
+        (false, ClaimOrder::OldestFirst) => {
+            claim_sql!("", "d.next_attempt_at, d.delivery_id")
+        }
+        (false, ClaimOrder::NewestFirst) => {
+            claim_sql!("", "d.next_attempt_at DESC, d.delivery_id DESC")
+        }
+        (true, ClaimOrder::OldestFirst) => {
+            claim_sql!("AND d.sub_id = ?6", "d.next_attempt_at, d.delivery_id")
+        }
+        (true, ClaimOrder::NewestFirst) => claim_sql!(
+            "AND d.sub_id = ?6",
+            "d.next_attempt_at DESC, d.delivery_id DESC"
+        ),
+    };
     // The write transaction is what makes claims exclusive: no other claimer
     // can run between choosing rows and marking them inflight.
     let mut tx = store.write().await?;
@@ -71,26 +158,16 @@ pub(crate) async fn claim_due(
     // The subquery is evaluated before any row is updated, so within one
     // batch an ordered subscription's head makes the rows behind it wait
     // (they see it `pending`): at most one delivery per ordered subscription.
-    let ids: Vec<Uuid> = sqlx::query_scalar(concat!(
-        "UPDATE deliveries SET state = 'inflight', lease_token = lease_token + 1, lease_expires = ?, \
-         worker_id = ?, updated_at = ? \
-         WHERE delivery_id IN ( \
-             SELECT d.delivery_id FROM deliveries d JOIN subscriptions s ON s.sub_id = d.sub_id \
-             WHERE d.destination_host = ? AND d.state = 'pending' AND d.next_attempt_at <= ? \
-               AND s.state = 'active' AND ",
-        not_blocked_by_order!(),
-        " ORDER BY d.next_attempt_at, d.delivery_id LIMIT ?) \
-         RETURNING delivery_id"
-    ))
-    .bind(after(now, req.lease))
-    .bind(&req.worker_id)
-    .bind(now)
-    .bind(&req.destination)
-    .bind(now)
-    .bind(i64::from(req.limit))
-    .fetch_all(&mut *tx)
-    .await
-    .map_err(from_sqlx)?;
+    let mut pick = sqlx::query_scalar(sql)
+        .bind(after(now, req.lease))
+        .bind(&req.worker_id)
+        .bind(now)
+        .bind(&req.destination)
+        .bind(i64::from(req.limit));
+    if let Some(sub) = &req.subscription {
+        pick = pick.bind(sub.as_uuid());
+    }
+    let ids: Vec<Uuid> = pick.fetch_all(&mut *tx).await.map_err(from_sqlx)?;
 
     // RETURNING cannot join, so load the claimed rows with their event and
     // subscription in one query per batch of ids (one, for any sane limit).
@@ -125,8 +202,11 @@ pub(crate) async fn claim_due(
         }
     }
     tx.commit().await.map_err(from_sqlx)?;
-    // Oldest due first, as the contract promises.
+    // In the order asked for, as the contract promises.
     claimed.sort_by_key(|c| (c.delivery.next_attempt_at, c.delivery.id));
+    if req.order == ClaimOrder::NewestFirst {
+        claimed.reverse();
+    }
     Ok(claimed)
 }
 

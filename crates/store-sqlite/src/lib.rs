@@ -59,8 +59,9 @@ use async_trait::async_trait;
 use hookd_domain::{DeliveryId, EventId, SubscriptionId};
 use hookd_store::{
     Accepted, AttemptRecord, ClaimRequest, ClaimedDelivery, Delivery, DeliveryDetail,
-    DeliveryQuery, Event, Lease, NewDelivery, NewEvent, NewSubscription, NewToken, RecordOutcome,
-    Result, Store, StoreError, Subscription, SubscriptionPatch, SubscriptionQuery, TokenScope,
+    DeliveryQuery, DueDestination, Event, Lease, NewDelivery, NewEvent, NewSubscription, NewToken,
+    RecordOutcome, Result, Store, StoreError, Subscription, SubscriptionPatch, SubscriptionQuery,
+    TokenScope,
 };
 use sqlx::migrate::{AppliedMigration, Migrate, MigrateError, Migrator};
 use sqlx::sqlite::{
@@ -341,7 +342,7 @@ impl Store for SqliteStore {
         ingest::get_event(self, id).await
     }
 
-    async fn due_destinations(&self, limit: u32) -> Result<Vec<String>> {
+    async fn due_destinations(&self, limit: u32) -> Result<Vec<DueDestination>> {
         dispatch::due_destinations(self, limit).await
     }
 

@@ -12,8 +12,8 @@ use hookd_domain::signing::SigningSecret;
 use hookd_domain::subscription::{RetryPolicy, SigningKeys};
 use hookd_domain::{DeliveryId, EventId, SubscriptionId};
 use hookd_store::{
-    Attempt, AttemptRecord, ClaimRequest, Lease, NewDelivery, NewEvent, NewSubscription, NextState,
-    Store, StoreError,
+    Attempt, AttemptRecord, ClaimOrder, ClaimRequest, Lease, NewDelivery, NewEvent,
+    NewSubscription, NextState, Store, StoreError,
 };
 use hookd_store_sqlite::SqliteStore;
 
@@ -155,6 +155,8 @@ async fn stores_sharing_a_file_never_claim_the_same_delivery() {
                     let req = ClaimRequest {
                         worker_id: format!("w{w}"),
                         destination: "a.example".into(),
+                        subscription: None,
+                        order: ClaimOrder::OldestFirst,
                         limit: 5,
                         lease: Duration::from_secs(300),
                     };
@@ -223,6 +225,8 @@ async fn oversized_snippets_are_cut_on_a_character_boundary() {
     let req = ClaimRequest {
         worker_id: "w".into(),
         destination: "a.example".into(),
+        subscription: None,
+        order: ClaimOrder::OldestFirst,
         limit: 1,
         lease: Duration::from_secs(60),
     };

@@ -16,7 +16,7 @@ use hookd_domain::destination::DestinationUrl;
 use hookd_domain::event_type::{EventType, EventTypePattern};
 use hookd_domain::signing::SigningSecret;
 use hookd_domain::subscription::{RetryPolicy, SigningKeys, SubscriptionState};
-use hookd_domain::{CustomerId, DeliveryId, EventId, SubscriptionId};
+use hookd_domain::{CustomerId, DeliveryId, EventId, SubscriptionId, Timestamp};
 
 use crate::*;
 
@@ -60,6 +60,11 @@ macro_rules! conformance_tests {
             renew_extends_only_a_live_lease,
             disabled_subscriptions_keep_their_deliveries_unclaimed,
             due_destinations_lists_hosts_with_due_work,
+            due_destinations_lists_each_hosts_claimable_subscriptions_with_their_due_times,
+            due_destinations_limit_counts_hosts_not_subscriptions,
+            a_subscription_claim_takes_only_that_subscriptions_deliveries,
+            newest_first_claims_take_the_newest_due_and_oldest_first_the_oldest,
+            an_ordered_subscription_gives_only_its_head_in_either_order,
             ordered_deliveries_are_claimed_one_at_a_time_in_order,
             an_ordered_head_waiting_to_retry_blocks_the_deliveries_behind_it,
             an_ordered_head_that_is_delivered_or_final_unblocks_the_next,
@@ -189,9 +194,58 @@ fn claim_req(host: &str, limit: u32, lease: Duration) -> ClaimRequest {
     ClaimRequest {
         worker_id: "w1".into(),
         destination: host.into(),
+        subscription: None,
+        order: ClaimOrder::OldestFirst,
         limit,
         lease,
     }
+}
+
+/// A claim of `sub`'s deliveries only, in `order`.
+fn sub_claim_req(sub: &Subscription, order: ClaimOrder, limit: u32) -> ClaimRequest {
+    ClaimRequest {
+        subscription: Some(sub.id),
+        order,
+        ..claim_req(sub.url.host(), limit, LONG)
+    }
+}
+
+/// Claims `sub`'s deliveries in `order` and returns their ids, in the order
+/// returned.
+async fn claim_sub_ids(
+    store: &Arc<dyn Store>,
+    sub: &Subscription,
+    order: ClaimOrder,
+    limit: u32,
+) -> Vec<DeliveryId> {
+    store
+        .claim_due(&sub_claim_req(sub, order, limit))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.delivery.id)
+        .collect()
+}
+
+/// The hosts [`Store::due_destinations`] lists, in its order.
+async fn due_hosts(store: &Arc<dyn Store>, limit: u32) -> Vec<String> {
+    store
+        .due_destinations(limit)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| d.host)
+        .collect()
+}
+
+/// `next_attempt_at` of a delivery, as stored.
+async fn due_at(store: &Arc<dyn Store>, id: &DeliveryId) -> Timestamp {
+    store
+        .get_delivery(id)
+        .await
+        .unwrap()
+        .delivery
+        .next_attempt_at
 }
 
 const LONG: Duration = Duration::from_secs(300);
@@ -765,6 +819,8 @@ pub async fn concurrent_claimers_never_share_a_delivery(store: Arc<dyn Store>) {
                     let req = ClaimRequest {
                         worker_id: format!("w{w}"),
                         destination: "a.example".into(),
+                        subscription: None,
+                        order: ClaimOrder::OldestFirst,
                         limit: 7,
                         lease: LONG,
                     };
@@ -1111,10 +1167,7 @@ pub async fn disabled_subscriptions_keep_their_deliveries_unclaimed(store: Arc<d
         )
         .await
         .unwrap();
-    assert_eq!(
-        store.due_destinations(10).await.unwrap(),
-        vec!["a.example".to_owned()]
-    );
+    assert_eq!(due_hosts(&store, 10).await, ["a.example"]);
     assert_eq!(
         store
             .claim_due(&claim_req("a.example", 10, LONG))
@@ -1142,7 +1195,7 @@ pub async fn due_destinations_lists_hosts_with_due_work(store: Arc<dyn Store>) {
     ingest(&store, &[&a]).await;
     ingest(&store, &[&b, &a]).await;
     let _ = c;
-    let mut hosts = store.due_destinations(10).await.unwrap();
+    let mut hosts = due_hosts(&store, 10).await;
     assert_eq!(hosts[0], "a.example", "most overdue first");
     hosts.sort();
     assert_eq!(hosts, ["a.example", "b.example"]);
@@ -1151,7 +1204,378 @@ pub async fn due_destinations_lists_hosts_with_due_work(store: Arc<dyn Store>) {
         .claim_due(&claim_req("a.example", 10, LONG))
         .await
         .unwrap();
-    assert_eq!(store.due_destinations(10).await.unwrap(), ["b.example"]);
+    assert_eq!(due_hosts(&store, 10).await, ["b.example"]);
+}
+
+/// Waits until the store's clock has passed `t`, so that the next due time
+/// it writes is later than `t`. Probes with events that fan out to nobody:
+/// they change nothing a claim or `due_destinations` sees.
+async fn until_store_clock_passes(store: &Arc<dyn Store>, t: Timestamp) {
+    eventually("the store clock to pass a due time", || {
+        let store = store.clone();
+        async move {
+            let probe = store
+                .accept_event(new_event("clock.probe", None), vec![])
+                .await
+                .unwrap();
+            store.get_event(&probe.event_id).await.unwrap().created_at > t
+        }
+    })
+    .await;
+}
+
+/// `subs` sorted by id, to compare listings whose ties may fall either way.
+fn by_sub_id(mut subs: Vec<DueSubscription>) -> Vec<DueSubscription> {
+    subs.sort_by_key(|s| s.sub_id);
+    subs
+}
+
+/// A subscription listed with `oldest`/`newest` due times.
+async fn due_sub(
+    store: &Arc<dyn Store>,
+    sub: &Subscription,
+    oldest: &DeliveryId,
+    newest: &DeliveryId,
+) -> DueSubscription {
+    DueSubscription {
+        sub_id: sub.id,
+        oldest_due_at: due_at(store, oldest).await,
+        newest_due_at: due_at(store, newest).await,
+    }
+}
+
+pub async fn due_destinations_lists_each_hosts_claimable_subscriptions_with_their_due_times(
+    store: Arc<dyn Store>,
+) {
+    let create = |host: &'static str| {
+        let store = store.clone();
+        async move {
+            store
+                .create_subscription(new_sub(host, None))
+                .await
+                .unwrap()
+        }
+    };
+    let (a1, a2, later, disabled) = (
+        create("a.example").await,
+        create("a.example").await,
+        create("a.example").await,
+        create("a.example").await,
+    );
+    let blocked = ordered_sub(&store, "a.example").await;
+    let b1 = create("b.example").await;
+    let an_hour = NextState::Retry {
+        delay: Duration::from_secs(3600),
+    };
+
+    // Not yet due: its only delivery waits an hour to be retried.
+    ingest(&store, &[&later]).await;
+    let c = store
+        .claim_due(&sub_claim_req(&later, ClaimOrder::OldestFirst, 10))
+        .await
+        .unwrap()
+        .remove(0);
+    finish(&store, &c, 503, an_hour.clone()).await;
+    // Blocked: the ordered head waits an hour, and the delivery behind it,
+    // though due, is not claimable.
+    ingest(&store, &[&blocked]).await;
+    let c = store
+        .claim_due(&sub_claim_req(&blocked, ClaimOrder::OldestFirst, 10))
+        .await
+        .unwrap()
+        .remove(0);
+    finish(&store, &c, 503, an_hour).await;
+    ingest(&store, &[&blocked]).await;
+    // Disabled: due work, but nothing may claim it.
+    ingest(&store, &[&disabled]).await;
+    store
+        .update_subscription(
+            &disabled.id,
+            SubscriptionPatch {
+                state: Some(SubscriptionState::Disabled),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(
+        store.due_destinations(10).await.unwrap().is_empty(),
+        "nothing claimable yet"
+    );
+
+    // Claimable: a1 has three deliveries, the newest of them in flight; a2
+    // and b1 have one each.
+    let a1_first = ingest(&store, &[&a1]).await.1[0];
+    let b1_only = ingest(&store, &[&b1]).await.1[0];
+    let a2_only = ingest(&store, &[&a2]).await.1[0];
+    let a1_second = ingest(&store, &[&a1]).await.1[0];
+    let a1_third = ingest(&store, &[&a1]).await.1[0];
+    assert_eq!(
+        claim_sub_ids(&store, &a1, ClaimOrder::NewestFirst, 1).await,
+        [a1_third]
+    );
+
+    let listed = store.due_destinations(10).await.unwrap();
+    assert_eq!(
+        listed.iter().map(|d| d.host.as_str()).collect::<Vec<_>>(),
+        ["a.example", "b.example"],
+        "most overdue first"
+    );
+    for d in &listed {
+        assert!(
+            d.subscriptions
+                .windows(2)
+                .all(|w| w[0].oldest_due_at <= w[1].oldest_due_at),
+            "{}: subscriptions most overdue first: {:?}",
+            d.host,
+            d.subscriptions
+        );
+    }
+    assert_eq!(
+        by_sub_id(listed[0].subscriptions.clone()),
+        by_sub_id(vec![
+            // The one in flight is not claimable: newest is the second.
+            due_sub(&store, &a1, &a1_first, &a1_second).await,
+            due_sub(&store, &a2, &a2_only, &a2_only).await,
+        ]),
+        "only a1 and a2 have claimable work at a.example"
+    );
+    assert_eq!(
+        listed[1].subscriptions,
+        [due_sub(&store, &b1, &b1_only, &b1_only).await]
+    );
+    assert!(
+        listed[0].subscriptions[0].oldest_due_at <= listed[1].subscriptions[0].oldest_due_at,
+        "hosts most overdue first"
+    );
+
+    // Claim a1's work: the host stays listed, for a2 alone.
+    claim_sub_ids(&store, &a1, ClaimOrder::OldestFirst, 10).await;
+    let listed = store.due_destinations(10).await.unwrap();
+    let a = listed.iter().find(|d| d.host == "a.example").unwrap();
+    assert_eq!(
+        a.subscriptions,
+        [due_sub(&store, &a2, &a2_only, &a2_only).await]
+    );
+}
+
+pub async fn due_destinations_limit_counts_hosts_not_subscriptions(store: Arc<dyn Store>) {
+    let mut crowded = Vec::new();
+    for _ in 0..3 {
+        crowded.push(
+            store
+                .create_subscription(new_sub("crowded.example", None))
+                .await
+                .unwrap(),
+        );
+    }
+    let b = store
+        .create_subscription(new_sub("b.example", None))
+        .await
+        .unwrap();
+    let c = store
+        .create_subscription(new_sub("c.example", None))
+        .await
+        .unwrap();
+    // The crowded host is the most overdue: one event to all three of its
+    // subscriptions, twice, then one each for the others.
+    ingest(&store, &crowded.iter().collect::<Vec<_>>()).await;
+    ingest(&store, &crowded.iter().collect::<Vec<_>>()).await;
+    ingest(&store, &[&b]).await;
+    ingest(&store, &[&c]).await;
+
+    let all = store.due_destinations(10).await.unwrap();
+    assert_eq!(
+        all.iter().map(|d| d.host.as_str()).collect::<Vec<_>>(),
+        ["crowded.example", "b.example", "c.example"]
+    );
+    assert_eq!(all[0].subscriptions.len(), 3);
+    for limit in 1..=3 {
+        assert_eq!(
+            store.due_destinations(limit).await.unwrap(),
+            all[..limit as usize],
+            "limit {limit}: that many hosts, each with all its subscriptions"
+        );
+    }
+    assert_eq!(store.due_destinations(4).await.unwrap(), all);
+}
+
+pub async fn a_subscription_claim_takes_only_that_subscriptions_deliveries(store: Arc<dyn Store>) {
+    let a = store
+        .create_subscription(new_sub("shared.example", None))
+        .await
+        .unwrap();
+    let b = store
+        .create_subscription(new_sub("shared.example", None))
+        .await
+        .unwrap();
+    let elsewhere = store
+        .create_subscription(new_sub("other.example", None))
+        .await
+        .unwrap();
+    let (mut a_ids, mut b_ids) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        let (_, ids) = ingest(&store, &[&a, &b, &elsewhere]).await;
+        a_ids.push(ids[0]);
+        b_ids.push(ids[1]);
+    }
+    let claimed = store
+        .claim_due(&sub_claim_req(&a, ClaimOrder::OldestFirst, 10))
+        .await
+        .unwrap();
+    assert!(claimed.iter().all(|c| c.delivery.sub_id == a.id));
+    assert!(claimed.iter().all(|c| c.subscription.id == a.id));
+    assert_eq!(
+        claimed.iter().map(|c| c.delivery.id).collect::<Vec<_>>(),
+        a_ids,
+        "all of a's, oldest first, and nothing of b's"
+    );
+    assert!(
+        claim_sub_ids(&store, &a, ClaimOrder::OldestFirst, 10)
+            .await
+            .is_empty(),
+        "a has nothing left, though b has due work on the same host"
+    );
+    let listed = store.due_destinations(10).await.unwrap();
+    assert_eq!(
+        listed
+            .iter()
+            .find(|d| d.host == "shared.example")
+            .unwrap()
+            .subscriptions
+            .iter()
+            .map(|s| s.sub_id)
+            .collect::<Vec<_>>(),
+        [b.id],
+        "only b is listed at the shared host now"
+    );
+    assert_eq!(
+        claim_sub_ids(&store, &b, ClaimOrder::OldestFirst, 2).await,
+        b_ids[..2]
+    );
+    // A subscription's claim is still a claim of one destination: the
+    // other subscription's deliveries live at another host.
+    let mismatched = ClaimRequest {
+        subscription: Some(elsewhere.id),
+        ..claim_req("shared.example", 10, LONG)
+    };
+    assert!(store.claim_due(&mismatched).await.unwrap().is_empty());
+    assert_eq!(claim_ids(&store, "shared.example").await, b_ids[2..]);
+    assert_eq!(
+        claim_sub_ids(&store, &elsewhere, ClaimOrder::OldestFirst, 10)
+            .await
+            .len(),
+        3
+    );
+}
+
+pub async fn newest_first_claims_take_the_newest_due_and_oldest_first_the_oldest(
+    store: Arc<dyn Store>,
+) {
+    let a = store
+        .create_subscription(new_sub("a.example", None))
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        ids.push(ingest(&store, &[&a]).await.1[0]);
+    }
+    // Retry the first one at once, after the store clock has passed the
+    // others' due times: it is now the newest due, though its id is the
+    // smallest, so a claim that honoured ids rather than due times fails.
+    let c = store
+        .claim_due(&claim_req("a.example", 1, LONG))
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(c.delivery.id, ids[0]);
+    until_store_clock_passes(&store, due_at(&store, &ids[3]).await).await;
+    finish(
+        &store,
+        &c,
+        503,
+        NextState::Retry {
+            delay: Duration::ZERO,
+        },
+    )
+    .await;
+    assert!(due_at(&store, &ids[0]).await > due_at(&store, &ids[3]).await);
+    let by_due_time = [ids[1], ids[2], ids[3], ids[0]];
+
+    let host_claim = |order, limit| ClaimRequest {
+        order,
+        ..claim_req("a.example", limit, LONG)
+    };
+    let newest = store
+        .claim_due(&host_claim(ClaimOrder::NewestFirst, 2))
+        .await
+        .unwrap();
+    assert_eq!(
+        newest.iter().map(|c| c.delivery.id).collect::<Vec<_>>(),
+        [ids[0], ids[3]],
+        "the newest due first, returned in that order"
+    );
+    let oldest = store
+        .claim_due(&host_claim(ClaimOrder::OldestFirst, 1))
+        .await
+        .unwrap();
+    assert_eq!(oldest[0].delivery.id, ids[1], "the oldest due");
+    assert_eq!(
+        claim_sub_ids(&store, &a, ClaimOrder::NewestFirst, 10).await,
+        [ids[2]]
+    );
+
+    // All back, then all at once: each order is kept across the batch.
+    let leases: Vec<Lease> = newest.iter().chain(&oldest).map(|c| c.lease).collect();
+    assert_eq!(store.release(&leases).await.unwrap(), 3);
+    let got: Vec<_> = store
+        .claim_due(&host_claim(ClaimOrder::NewestFirst, 10))
+        .await
+        .unwrap();
+    let mut newest_first = by_due_time.to_vec();
+    newest_first.retain(|id| *id != ids[2]);
+    newest_first.reverse();
+    assert_eq!(
+        got.iter().map(|c| c.delivery.id).collect::<Vec<_>>(),
+        newest_first
+    );
+    let leases: Vec<Lease> = got.iter().map(|c| c.lease).collect();
+    assert_eq!(store.release(&leases).await.unwrap(), 3);
+    let mut oldest_first = newest_first;
+    oldest_first.reverse();
+    assert_eq!(
+        claim_sub_ids(&store, &a, ClaimOrder::OldestFirst, 10).await,
+        oldest_first
+    );
+}
+
+pub async fn an_ordered_subscription_gives_only_its_head_in_either_order(store: Arc<dyn Store>) {
+    let o = ordered_sub(&store, "o.example").await;
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(ingest(&store, &[&o]).await.1[0]);
+    }
+    let newest_first = ClaimRequest {
+        order: ClaimOrder::NewestFirst,
+        ..claim_req("o.example", 10, LONG)
+    };
+    let c = store.claim_due(&newest_first).await.unwrap();
+    assert_eq!(
+        c.iter().map(|c| c.delivery.id).collect::<Vec<_>>(),
+        [ids[0]],
+        "the head, never the newest"
+    );
+    assert!(
+        claim_sub_ids(&store, &o, ClaimOrder::NewestFirst, 10)
+            .await
+            .is_empty(),
+        "nothing while the head is in flight"
+    );
+    finish(&store, &c[0], 200, NextState::Delivered).await;
+    assert_eq!(
+        claim_sub_ids(&store, &o, ClaimOrder::NewestFirst, 10).await,
+        [ids[1]]
+    );
 }
 
 // --- ordered subscriptions -------------------------------------------------------
@@ -1280,6 +1704,8 @@ pub async fn concurrent_claimers_never_hold_two_deliveries_of_one_ordered_subscr
                     let req = ClaimRequest {
                         worker_id: format!("w{w}"),
                         destination: "o.example".into(),
+                        subscription: None,
+                        order: ClaimOrder::OldestFirst,
                         limit: 5,
                         lease: LONG,
                     };
@@ -1337,10 +1763,7 @@ pub async fn ordered_subscriptions_do_not_block_others_on_the_same_host(store: A
     for _ in 0..3 {
         unordered.push(ingest(&store, &[&o, &u]).await.1[1]);
     }
-    assert_eq!(
-        store.due_destinations(10).await.unwrap(),
-        ["shared.example"]
-    );
+    assert_eq!(due_hosts(&store, 10).await, ["shared.example"]);
     let mut got = claim_ids(&store, "shared.example").await;
     got.sort();
     assert_eq!(got, unordered);
@@ -1397,7 +1820,7 @@ pub async fn replaying_a_final_delivery_queues_it_again_with_a_fresh_window(stor
         // Replaying it again while it is queued changes nothing.
         assert_eq!(store.replay_delivery(&ids[0]).await.unwrap(), replayed);
         // Due at once: the host is listed and the delivery claimable.
-        assert_eq!(store.due_destinations(10).await.unwrap(), ["a.example"]);
+        assert_eq!(due_hosts(&store, 10).await, ["a.example"]);
         let c = claim_one(&store, "a.example").await;
         assert_eq!(c.delivery.id, ids[0]);
         finish(&store, &c, 200, NextState::Delivered).await;

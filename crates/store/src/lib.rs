@@ -104,18 +104,28 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     // --- dispatch ---------------------------------------------------------
 
     /// Destination hosts that have claimable work now, most overdue first, at
-    /// most `limit`: a host is listed when [`claim_due`](Store::claim_due)
-    /// would return something for it, i.e. it has a `pending` delivery with
-    /// `next_attempt_at <= now`, of an active subscription, that is not
-    /// blocked behind the head of an ordered subscription. Listing a host
-    /// whose only due work is blocked would send the dispatcher to claim
+    /// most `limit` hosts, each with the subscriptions that have claimable
+    /// work there (with the `next_attempt_at` of their oldest and newest
+    /// claimable delivery), most overdue first. A subscription is listed when
+    /// [`claim_due`](Store::claim_due) for it would return something, i.e.
+    /// it is active and has a `pending` delivery with `next_attempt_at <= now`
+    /// that is not blocked behind the head of an ordered subscription.
+    /// Listing work that is blocked would send the dispatcher to claim
     /// nothing, again and again, for as long as the head waits.
-    async fn due_destinations(&self, limit: u32) -> Result<Vec<String>>;
+    ///
+    /// The per-subscription split is what lets the dispatcher give each
+    /// subscription with due work a fair share of its host's cap (R2), and
+    /// the oldest/newest times tell it whether a backlog exists beside new
+    /// work (R4).
+    async fn due_destinations(&self, limit: u32) -> Result<Vec<DueDestination>>;
 
-    /// Claims up to `req.limit` due deliveries of one destination, oldest
-    /// `next_attempt_at` first, for active subscriptions only. Each claimed row
-    /// becomes `inflight`, owned by `req.worker_id`, with a fresh lease token
-    /// and `lease_expires = now + req.lease`.
+    /// Claims up to `req.limit` due deliveries of one destination — of one
+    /// subscription only when `req.subscription` is set — for active
+    /// subscriptions only, in `req.order`: `OldestFirst` takes the smallest
+    /// `next_attempt_at` first (the backlog floor, and the usual order),
+    /// `NewestFirst` the largest (new work, while a backlog drains beside
+    /// it). Each claimed row becomes `inflight`, owned by `req.worker_id`,
+    /// with a fresh lease token and `lease_expires = now + req.lease`.
     ///
     /// Two concurrent claimers (in this or another process) never receive the
     /// same delivery while its lease is live: on PostgreSQL this is

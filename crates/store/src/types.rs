@@ -194,6 +194,38 @@ pub struct DeliveryQuery {
     pub limit: u32,
 }
 
+/// A destination host with claimable work, and who has work there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DueDestination {
+    /// The destination host.
+    pub host: String,
+    /// The subscriptions with claimable work at this host, most overdue first.
+    pub subscriptions: Vec<DueSubscription>,
+}
+
+/// One subscription's claimable work at a host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DueSubscription {
+    /// The subscription.
+    pub sub_id: SubscriptionId,
+    /// `next_attempt_at` of its oldest claimable delivery.
+    pub oldest_due_at: Timestamp,
+    /// `next_attempt_at` of its newest claimable delivery.
+    pub newest_due_at: Timestamp,
+}
+
+/// Which due deliveries a claim takes first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClaimOrder {
+    /// Smallest `next_attempt_at` first: the usual order, and the backlog's
+    /// guaranteed floor (R4).
+    #[default]
+    OldestFirst,
+    /// Largest `next_attempt_at` first: new work, while the backlog drains in
+    /// its own share.
+    NewestFirst,
+}
+
 /// A request to claim due deliveries of one destination.
 #[derive(Debug, Clone)]
 pub struct ClaimRequest {
@@ -201,6 +233,10 @@ pub struct ClaimRequest {
     pub worker_id: String,
     /// The destination host.
     pub destination: String,
+    /// Only this subscription's deliveries, when set.
+    pub subscription: Option<SubscriptionId>,
+    /// Which due deliveries to take first.
+    pub order: ClaimOrder,
     /// At most this many.
     pub limit: u32,
     /// How long the lease lasts.
