@@ -49,6 +49,12 @@ pub struct PgOptions {
     /// Server-side `statement_timeout` for every connection, so a stuck lock
     /// or an overloaded server fails a call in seconds instead of hanging it.
     pub statement_timeout: Duration,
+    /// Client-side bound on each whole call, connection wait included; a
+    /// missed deadline is `Unavailable`. The server's statement_timeout
+    /// cannot fire while the server is frozen (or the network silently drops
+    /// packets), so this is what bounds a call caught mid-statement then.
+    /// Keep it above `acquire_timeout`.
+    pub call_timeout: Duration,
     /// A schema to put first on `search_path` for every connection (tables and
     /// migrations live there). `None` keeps the URL's or server's setting;
     /// the URL form is `?options=-c%20search_path%3DSCHEMA`.
@@ -61,6 +67,10 @@ impl Default for PgOptions {
             max_connections: 16,
             acquire_timeout: Duration::from_secs(5),
             statement_timeout: Duration::from_secs(10),
+            // A few seconds past the connection wait, so ingest answers 503
+            // within seconds when the database hangs. On a healthy server the
+            // statement timeout still ends an abandoned statement server-side.
+            call_timeout: Duration::from_secs(8),
             schema: None,
         }
     }
@@ -71,9 +81,10 @@ impl Default for PgOptions {
 #[derive(Debug, Clone)]
 pub struct PgStore {
     pool: PgPool,
-    /// A client-side bound on each call. The server's statement_timeout
-    /// cannot fire if the server is frozen or the network silently drops
-    /// packets, so without it a call could hang on an established connection.
+    /// A client-side bound on each call ([`PgOptions::call_timeout`]). The
+    /// server's statement_timeout cannot fire if the server is frozen or the
+    /// network silently drops packets, so without it a call could hang on an
+    /// established connection.
     deadline: Duration,
 }
 
@@ -101,10 +112,10 @@ impl PgStore {
             .connect_with(connect)
             .await
             .map_err(error::map)?;
-        // Room for a connection wait plus a transaction of a few statements,
-        // each bounded by the statement timeout on a healthy server.
-        let deadline = opts.acquire_timeout + opts.statement_timeout * 2;
-        Ok(PgStore { pool, deadline })
+        Ok(PgStore {
+            pool,
+            deadline: opts.call_timeout,
+        })
     }
 
     /// Closes the pool, waiting for connections in use to be returned.
