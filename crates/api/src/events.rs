@@ -105,6 +105,7 @@ pub(crate) async fn create(
         customer_id,
     };
     let accepted = state.store().accept_event(event, deliveries).await?;
+    fail::fail_point!("ingest.after_commit");
     if accepted.duplicate {
         tracing::debug!(event_id = %accepted.event_id, "repeated idempotency key; event already accepted");
     } else {

@@ -46,14 +46,20 @@ fn endless(chunk: &'static [u8], every: Duration) -> Body {
 /// Subscribes to `addr`, posts one event, and waits for its delivery to
 /// reach a state other than pending/inflight — or, with `until_attempts`,
 /// until that many attempts are recorded.
-async fn deliver_one(app: &TestApp, addr: SocketAddr, until: impl Fn(&Value) -> bool) -> (Value, Value) {
+async fn deliver_one(
+    app: &TestApp,
+    addr: SocketAddr,
+    until: impl Fn(&Value) -> bool,
+) -> (Value, Value) {
     let sub = app
         .subscribe_with(json!({ "url": format!("http://{addr}/hook"), "event_types": ["*"], "retry_policy": { "base_delay_secs": 60 } }))
         .await;
     let sub_id = sub["sub_id"].as_str().unwrap().to_owned();
     app.send_event("t.x", json!({})).await;
     let d = eventually("the delivery to reach the expected state", || async {
-        let page = app.get_json(&format!("/subscriptions/{sub_id}/deliveries")).await;
+        let page = app
+            .get_json(&format!("/subscriptions/{sub_id}/deliveries"))
+            .await;
         let d = page["data"][0].clone();
         until(&d).then_some(d)
     })
@@ -66,28 +72,54 @@ fn is_final(d: &Value) -> bool {
 }
 
 async fn an_endless_2xx_body_is_cut_off_and_still_a_success(backend: Backend) {
-    let Some(app) = spawn_app_with(backend, |c| c.attempt_timeout = Duration::from_secs(5)).await else { return };
-    let addr = destination("127.0.0.10", || Response::new(endless(&[b'x'; 8192], Duration::ZERO))).await;
+    let Some(app) = spawn_app_with(backend, |c| c.attempt_timeout = Duration::from_secs(5)).await
+    else {
+        return;
+    };
+    let addr = destination("127.0.0.10", || {
+        Response::new(endless(&[b'x'; 8192], Duration::ZERO))
+    })
+    .await;
     let (_, d) = deliver_one(&app, addr, is_final).await;
     assert_eq!(d["state"], "delivered");
     let snippet = d["attempts"][0]["response_snippet"].as_str().unwrap();
-    assert!(snippet.len() <= 1024 && !snippet.is_empty(), "{} bytes kept", snippet.len());
+    assert!(
+        snippet.len() <= 1024 && !snippet.is_empty(),
+        "{} bytes kept",
+        snippet.len()
+    );
     app.stop().await;
 }
 
 async fn a_trickling_2xx_body_cannot_hold_the_attempt_past_its_deadline(backend: Backend) {
-    let Some(app) = spawn_app_with(backend, |c| c.attempt_timeout = Duration::from_millis(800)).await else { return };
-    let addr = destination("127.0.0.11", || Response::new(endless(b"x", Duration::from_millis(50)))).await;
+    let Some(app) =
+        spawn_app_with(backend, |c| c.attempt_timeout = Duration::from_millis(800)).await
+    else {
+        return;
+    };
+    let addr = destination("127.0.0.11", || {
+        Response::new(endless(b"x", Duration::from_millis(50)))
+    })
+    .await;
     let (_, d) = deliver_one(&app, addr, is_final).await;
-    assert_eq!(d["state"], "delivered", "the 2xx stands though the body never ended");
+    assert_eq!(
+        d["state"], "delivered",
+        "the 2xx stands though the body never ended"
+    );
     assert_eq!(d["attempts"].as_array().unwrap().len(), 1);
     app.stop().await;
 }
 
 async fn a_destination_that_never_answers_times_out_and_is_retried(backend: Backend) {
-    let Some(app) = spawn_app_with(backend, |c| c.attempt_timeout = Duration::from_millis(500)).await else { return };
+    let Some(app) =
+        spawn_app_with(backend, |c| c.attempt_timeout = Duration::from_millis(500)).await
+    else {
+        return;
+    };
     // Accepts connections and never answers.
-    let listener = tokio::net::TcpListener::bind(("127.0.0.12", 0)).await.unwrap();
+    let listener = tokio::net::TcpListener::bind(("127.0.0.12", 0))
+        .await
+        .unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         let mut held = Vec::new();
@@ -95,7 +127,10 @@ async fn a_destination_that_never_answers_times_out_and_is_retried(backend: Back
             held.push(sock);
         }
     });
-    let (_, d) = deliver_one(&app, addr, |d| d["attempts"].as_array().is_some_and(|a| !a.is_empty())).await;
+    let (_, d) = deliver_one(&app, addr, |d| {
+        d["attempts"].as_array().is_some_and(|a| !a.is_empty())
+    })
+    .await;
     assert_eq!(d["attempts"][0]["error_class"], "timeout");
     assert_eq!(d["attempts"][0]["status"], Value::Null);
     assert_eq!(d["state"], "pending", "a timeout is retried");
@@ -104,7 +139,9 @@ async fn a_destination_that_never_answers_times_out_and_is_retried(backend: Back
 }
 
 async fn a_410_fails_the_delivery_and_disables_the_subscription(backend: Backend) {
-    let Some(app) = spawn_app(backend).await else { return };
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
     let addr = destination("127.0.0.13", || {
         let mut r = Response::new(Body::empty());
         *r.status_mut() = StatusCode::GONE;
@@ -123,13 +160,23 @@ async fn a_410_fails_the_delivery_and_disables_the_subscription(backend: Backend
     assert_eq!(disabled["state"], "disabled");
     // Its new deliveries are kept, not attempted.
     app.send_event("t.y", json!({})).await;
-    let page = app.get_json(&format!("/subscriptions/{sub_id}/deliveries?status=pending")).await;
-    assert_eq!(page["data"].as_array().unwrap().len(), 1, "kept pending while disabled");
+    let page = app
+        .get_json(&format!(
+            "/subscriptions/{sub_id}/deliveries?status=pending"
+        ))
+        .await;
+    assert_eq!(
+        page["data"].as_array().unwrap().len(),
+        1,
+        "kept pending while disabled"
+    );
     app.stop().await;
 }
 
 async fn a_400_is_tried_once_and_a_redirect_is_not_followed(backend: Backend) {
-    let Some(app) = spawn_app(backend).await else { return };
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
     let bad = destination("127.0.0.14", || {
         let mut r = Response::new(Body::from("missing field"));
         *r.status_mut() = StatusCode::BAD_REQUEST;
@@ -154,6 +201,9 @@ async fn a_400_is_tried_once_and_a_redirect_is_not_followed(backend: Backend) {
     let (_, d) = deliver_one(&app, redirect, is_final).await;
     assert_eq!(d["state"], "failed");
     assert_eq!(d["attempts"][0]["status"], 302);
-    assert!(redirected.received().is_empty(), "the redirect was not followed");
+    assert!(
+        redirected.received().is_empty(),
+        "the redirect was not followed"
+    );
     app.stop().await;
 }

@@ -81,12 +81,14 @@ pub async fn fresh_database(backend: Backend) -> Option<(String, Box<dyn std::an
 /// The running application and a client that talks to it as admin.
 pub struct TestApp {
     pub addr: SocketAddr,
+    /// The dispatcher's per-destination isolation state.
+    pub admission: Arc<hookd_dispatch::admission::Admission>,
     pub client: reqwest::Client,
     pub token: String,
     pub database: String,
     shutdown: CancellationToken,
     handle: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
-    _guard: Box<dyn std::any::Any + Send>,
+    guard: Option<Box<dyn std::any::Any + Send>>,
 }
 
 pub fn test_dispatch_config(worker: &str) -> hookd_dispatch::DispatchConfig {
@@ -104,7 +106,10 @@ pub async fn spawn_app(backend: Backend) -> Option<TestApp> {
 }
 
 /// Like [`spawn_app`], with the dispatcher's settings adjusted by `tune`.
-pub async fn spawn_app_with(backend: Backend, tune: impl FnOnce(&mut hookd_dispatch::DispatchConfig)) -> Option<TestApp> {
+pub async fn spawn_app_with(
+    backend: Backend,
+    tune: impl FnOnce(&mut hookd_dispatch::DispatchConfig),
+) -> Option<TestApp> {
     let (database, guard) = fresh_database(backend).await?;
     let mut dispatch = test_dispatch_config("test-worker");
     tune(&mut dispatch);
@@ -121,20 +126,27 @@ pub async fn spawn_app_configured(
     dispatch: hookd_dispatch::DispatchConfig,
 ) -> TestApp {
     let token = "test-admin-token".to_owned();
-    let config = AppConfig { database: database.clone(), allow_private_destinations: true, admin_token: Some(token.clone()), dispatch };
+    let config = AppConfig {
+        database: database.clone(),
+        allow_private_destinations: true,
+        admin_token: Some(token.clone()),
+        dispatch,
+    };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let app = App::build(config, listener).await.expect("the app builds");
     let addr = app.local_addr();
+    let admission = app.dispatcher().admission().clone();
     let shutdown = app.shutdown_token();
     let handle = tokio::spawn(app.run());
     TestApp {
         addr,
+        admission,
         client: reqwest::Client::new(),
         token,
         database,
         shutdown,
         handle: Some(handle),
-        _guard: guard,
+        guard: Some(guard),
     }
 }
 
@@ -193,12 +205,14 @@ impl TestApp {
         v["event_id"].as_str().unwrap().to_owned()
     }
 
-    /// Stops the application gracefully and waits for it.
-    pub async fn stop(mut self) {
+    /// Stops the application gracefully and waits for it. Returns what keeps
+    /// its database alive, for a test that inspects the database afterwards.
+    pub async fn stop(mut self) -> Box<dyn std::any::Any + Send> {
         self.shutdown.cancel();
         if let Some(h) = self.handle.take() {
             h.await.unwrap().unwrap();
         }
+        self.guard.take().expect("stop is called once")
     }
 }
 
@@ -305,5 +319,185 @@ impl TestReceiver {
 impl Drop for TestReceiver {
     fn drop(&mut self) {
         self.shutdown.cancel();
+    }
+}
+
+/// Like [`eventually`], with its own deadline, for waits that bound a long
+/// run (thousands of deliveries, process restarts) rather than one step.
+pub async fn eventually_within<T, F, Fut>(what: &str, deadline: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + deadline;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+impl TestReceiver {
+    /// How many requests arrived (cheaper than `received().len()`).
+    pub fn count(&self) -> usize {
+        self.state.received.lock().unwrap().len()
+    }
+}
+
+/// The admin token [`ServeProcess`] runs with.
+pub const PROCESS_TOKEN: &str = "test-admin-token";
+
+/// The real `hookd serve` binary (the one `cargo test` builds, with
+/// failpoints) on `database`, as an operator runs it, with a short lease so
+/// that a crashed process's claims come back quickly. Dropping it kills it.
+pub struct ServeProcess {
+    pub addr: SocketAddr,
+    pub client: reqwest::Client,
+    child: std::process::Child,
+    log: tempfile::NamedTempFile,
+}
+
+impl ServeProcess {
+    /// Starts `hookd serve` on a free port with `failpoints` armed
+    /// (`HOOKD_FAILPOINTS`, e.g. `"dispatch.after_claim=exit"`), and waits
+    /// until its API answers.
+    pub async fn start(database: &str, failpoints: Option<&str>) -> Self {
+        // The port is found free and then bound by the child: another process
+        // may take it in between, so a start that fails is tried again.
+        for _ in 0..5 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+            let log = tempfile::NamedTempFile::new().unwrap();
+            let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_hookd"));
+            cmd.args(["serve", "--allow-private-destinations"])
+                .args(["--database", database, "--listen", &addr.to_string()])
+                .args(["--lease", "3s", "--attempt-timeout", "2s"])
+                .args(["--lease-renewal", "1s", "--shutdown-grace", "1s"])
+                .env("HOOKD_ADMIN_TOKEN", PROCESS_TOKEN)
+                .env("HOOKD_LOG", "warn")
+                .env_remove("HOOKD_DATABASE_URL")
+                .env_remove("HOOKD_LISTEN")
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(log.reopen().unwrap());
+            match failpoints {
+                Some(spec) => cmd.env("HOOKD_FAILPOINTS", spec),
+                None => cmd.env_remove("HOOKD_FAILPOINTS"),
+            };
+            let mut p = Self {
+                addr,
+                client: reqwest::Client::new(),
+                child: cmd.spawn().expect("the hookd binary starts"),
+                log,
+            };
+            if p.ready().await {
+                return p;
+            }
+            eprintln!(
+                "hookd serve exited while starting; trying another port:\n{}",
+                p.log_text()
+            );
+        }
+        panic!("hookd serve did not start");
+    }
+
+    /// Waits until the API answers (`true`) or the process exits (`false`).
+    async fn ready(&mut self) -> bool {
+        let url = self.url("/subscriptions");
+        eventually("hookd serve to answer", || {
+            let exited = self.child.try_wait().unwrap();
+            let req = self.client.get(&url).bearer_auth(PROCESS_TOKEN).send();
+            async move {
+                if exited.is_some() {
+                    return Some(false);
+                }
+                match req.await {
+                    Ok(r) if r.status() == 200 => Some(true),
+                    _ => None,
+                }
+            }
+        })
+        .await
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> reqwest::Response {
+        self.client
+            .post(self.url(path))
+            .bearer_auth(PROCESS_TOKEN)
+            .json(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn get_json(&self, path: &str) -> Value {
+        let r = self
+            .client
+            .get(self.url(path))
+            .bearer_auth(PROCESS_TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "GET {path}");
+        r.json().await.unwrap()
+    }
+
+    /// Creates a subscription; returns its id.
+    pub async fn subscribe_with(&self, body: Value) -> String {
+        let r = self.post("/subscriptions", &body).await;
+        let status = r.status();
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(status, 201, "{v}");
+        v["sub_id"].as_str().unwrap().to_owned()
+    }
+
+    /// Waits for the process to exit by itself (a failpoint) and returns its
+    /// exit code (`None`: killed by a signal).
+    pub async fn wait_for_exit(&mut self) -> Option<i32> {
+        let child = &mut self.child;
+        let status = eventually("hookd serve to exit", || {
+            let exited = child.try_wait().unwrap();
+            async move { exited }
+        })
+        .await;
+        status.code()
+    }
+
+    /// SIGKILL: no shutdown, no release of claims, like a power cut.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        self.child.wait().unwrap();
+    }
+
+    /// What the process logged to stderr.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(self.log.path()).unwrap_or_default()
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            let log = self.log_text();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            eprintln!("--- hookd serve on {} logged (last lines):", self.addr);
+            for line in tail.into_iter().rev() {
+                eprintln!("{line}");
+            }
+        }
     }
 }

@@ -138,3 +138,96 @@ fn a_bad_database_url_is_a_clear_error_not_a_panic() {
     assert!(err.contains("unsupported database URL"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+#[tokio::test]
+async fn a_second_serve_on_the_same_sqlite_file_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut first = hookd(dir.path())
+        .args(["serve", "--listen", &listen])
+        .env("HOOKD_ADMIN_TOKEN", "t")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let client = reqwest::Client::new();
+    eventually("the first serve to answer", || async {
+        client
+            .get(format!("http://{listen}/healthz"))
+            .send()
+            .await
+            .ok()
+            .map(|_| ())
+    })
+    .await;
+    let other = format!("127.0.0.1:{}", free_port());
+    let out = hookd(dir.path())
+        .args(["serve", "--listen", &other])
+        .env("HOOKD_ADMIN_TOKEN", "t")
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "a second process must not run on the same file"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("already in use by another hookd process"),
+        "{err}"
+    );
+    assert!(terminate(&mut first).success());
+}
+
+#[tokio::test]
+async fn listen_prints_webhooks_and_says_whether_the_signature_verifies() {
+    use hookd_domain::signing::SigningSecret;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let secret = SigningSecret::generate();
+    let mut child = hookd(dir.path())
+        .args([
+            "listen",
+            "--port",
+            &port.to_string(),
+            "--secret",
+            &secret.expose(),
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if line.starts_with("signature:") {
+                let _ = tx.send(line);
+            }
+        }
+    });
+    let client = reqwest::Client::new();
+    let body = r#"{"id":"abc","type":"t.x","data":{}}"#;
+    let ts = chrono::Utc::now().timestamp();
+    let post = |sig: String| {
+        client
+            .post(format!("http://127.0.0.1:{port}/hook"))
+            .header("webhook-id", "abc")
+            .header("webhook-timestamp", ts.to_string())
+            .header("webhook-signature", sig)
+            .body(body)
+            .send()
+    };
+    let good = secret.sign("abc", ts, body.as_bytes());
+    let status = eventually("the receiver to answer", || async {
+        post(good.clone()).await.ok().map(|r| r.status())
+    })
+    .await;
+    assert_eq!(status, 200);
+    let line = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+    assert!(line.contains("valid ✓"), "{line}");
+    post(SigningSecret::generate().sign("abc", ts, body.as_bytes()))
+        .await
+        .unwrap();
+    let line = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+    assert!(line.contains("INVALID"), "{line}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
