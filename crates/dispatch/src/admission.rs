@@ -1,87 +1,276 @@
-//! Per-destination admission: how many new attempts a destination may take
-//! now. The dispatcher asks before it claims, so a saturated destination's
-//! rows are neither claimed nor rewritten (design §6).
+//! Per-destination admission: how many attempts each destination — and each
+//! subscription at it — may start now. The dispatcher asks before it claims,
+//! so a saturated, rate-limited or open destination has no rows claimed or
+//! rewritten on its behalf (design §6).
 //!
-//! Today this is the concurrency cap (layer 1). The circuit breaker, token
-//! bucket and recovery ramp plug in here, behind the same two questions:
-//! "how many may start?" and "this one finished, like so".
+//! The decisions are `hookd_domain::isolation`'s pure state machines
+//! (concurrency cap, circuit breaker, adaptive token bucket, recovery ramp,
+//! fair share, backlog floor). This module owns one of them per destination
+//! host, in memory — zero store reads on the hot path (R1) — and ties each
+//! started attempt to a permit whose drop always gives its slot back.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-/// Tracks attempts in flight per destination host.
+use hookd_domain::isolation::{
+    AdmissionConfig, AttemptOutcome, BacklogInput, CircuitTransition, DestinationAdmission,
+    DestinationSnapshot, SubscriptionLoad, Ticket, backlog_split, fair_share,
+};
+use hookd_domain::{Clock, SubscriptionId, Timestamp};
+use hookd_store::{ClaimOrder, DueDestination};
+
+/// The admission state of every destination this process has seen.
 #[derive(Debug)]
 pub struct Admission {
-    cap: u32,
-    in_flight: Mutex<HashMap<Arc<str>, u32>>,
+    config: AdmissionConfig,
+    /// A due delivery older than this is backlog (R4's floor applies to it).
+    backlog_age: chrono::Duration,
+    clock: Arc<dyn Clock>,
+    hosts: Mutex<HashMap<Arc<str>, HostState>>,
 }
 
-/// One admitted attempt. Dropping it frees the destination's slot, so a slot
-/// is never leaked, whatever path the attempt ends on.
 #[derive(Debug)]
-pub struct HostPermit {
+struct HostState {
+    destination: DestinationAdmission,
+    /// Attempts in flight per subscription, for the fair share (R2).
+    subscriptions: HashMap<SubscriptionId, InFlight>,
+    /// Rotates which subscription gets remainder slots first.
+    turn: usize,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct InFlight {
+    total: u32,
+    /// Of those, claimed oldest-first: they count toward the backlog floor.
+    oldest: u32,
+}
+
+/// One claim the dispatcher should make.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedClaim {
+    /// Whose deliveries.
+    pub sub_id: SubscriptionId,
+    /// Oldest first (the backlog floor) or newest first (new work).
+    pub order: ClaimOrder,
+    /// How many at most.
+    pub limit: u32,
+}
+
+/// What may be claimed for one destination now.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// The claims to make.
+    pub claims: Vec<PlannedClaim>,
+    /// When asking again could admit more (next token, end of an open
+    /// period); `None` when only a finishing attempt can free a slot.
+    pub next_check: Option<Timestamp>,
+}
+
+/// One admitted attempt. Hand its result to [`AttemptPermit::finish`];
+/// dropping it unfinished (shutdown, lost lease, a refused start) cancels it,
+/// so a slot — or the half-open probe — is never leaked.
+#[derive(Debug)]
+pub struct AttemptPermit {
     admission: Arc<Admission>,
     host: Arc<str>,
+    sub_id: SubscriptionId,
+    oldest: bool,
+    ticket: Option<Ticket>,
 }
 
 impl Admission {
-    /// Admission with a per-host cap of `cap` concurrent attempts.
-    pub fn new(cap: u32) -> Arc<Self> {
+    /// Admission for every destination, each with `config`.
+    pub fn new(config: AdmissionConfig, backlog_age: Duration, clock: Arc<dyn Clock>) -> Arc<Self> {
         Arc::new(Self {
-            cap,
-            in_flight: Mutex::new(HashMap::new()),
+            config,
+            backlog_age: chrono::Duration::from_std(backlog_age).unwrap_or(chrono::Duration::MAX),
+            clock,
+            hosts: Mutex::new(HashMap::new()),
         })
     }
 
-    /// How many more attempts `host` may start now.
-    pub fn available(&self, host: &str) -> u32 {
-        let map = self.in_flight.lock().unwrap();
-        self.cap.saturating_sub(map.get(host).copied().unwrap_or(0))
-    }
-
-    /// Takes a slot for an attempt to `host`, or `None` if it is at its cap.
-    pub fn admit(self: &Arc<Self>, host: &str) -> Option<HostPermit> {
-        let mut map = self.in_flight.lock().unwrap();
-        let key: Arc<str> = match map.get_key_value(host) {
-            Some((k, _)) => k.clone(),
-            None => Arc::from(host),
-        };
-        let n = map.entry(key.clone()).or_insert(0);
-        if *n >= self.cap {
-            return None;
+    /// Plans the claims for one destination with due work, given `free`
+    /// slots left in this process. The destination's slots (cap, breaker,
+    /// bucket, ramp) are shared fairly among its subscriptions with due
+    /// work; each subscription's share is split between its oldest and
+    /// newest due deliveries so a backlog keeps a guaranteed floor.
+    pub fn plan(&self, due: &DueDestination, free: u32) -> Plan {
+        let now = self.clock.now();
+        let mut hosts = self.hosts.lock().unwrap();
+        let h = self.host_state(&mut hosts, &due.host, now);
+        let admit = h.destination.available(now);
+        let slots = admit.slots.min(free);
+        if slots == 0 || due.subscriptions.is_empty() {
+            return Plan {
+                claims: Vec::new(),
+                next_check: admit.next_check,
+            };
         }
-        *n += 1;
-        Some(HostPermit {
+        let n = due.subscriptions.len();
+        h.turn = (h.turn + 1) % n;
+        let order: Vec<_> = (0..n)
+            .map(|i| &due.subscriptions[(i + h.turn) % n])
+            .collect();
+        let loads: Vec<SubscriptionLoad<SubscriptionId>> = order
+            .iter()
+            .map(|s| SubscriptionLoad {
+                key: s.sub_id,
+                in_flight: h.subscriptions.get(&s.sub_id).map_or(0, |f| f.total),
+                has_due_work: true,
+            })
+            .collect();
+        let shares = fair_share(slots, &loads);
+        let cut = now - self.backlog_age;
+        let mut claims = Vec::new();
+        for (sub, share) in order.into_iter().zip(shares) {
+            if share == 0 {
+                continue;
+            }
+            let flying = h
+                .subscriptions
+                .get(&sub.sub_id)
+                .copied()
+                .unwrap_or_default();
+            let (oldest, newest) = backlog_split(BacklogInput {
+                slots: share,
+                concurrency: share + flying.total,
+                oldest_in_flight: flying.oldest,
+                has_backlog: sub.oldest_due_at < cut,
+                has_new: sub.newest_due_at >= cut,
+            });
+            for (limit, order) in [
+                (oldest, ClaimOrder::OldestFirst),
+                (newest, ClaimOrder::NewestFirst),
+            ] {
+                if limit > 0 {
+                    claims.push(PlannedClaim {
+                        sub_id: sub.sub_id,
+                        order,
+                        limit,
+                    });
+                }
+            }
+        }
+        Plan {
+            claims,
+            next_check: admit.next_check,
+        }
+    }
+
+    /// Starts one attempt to `host` for `sub_id`, or `None` if the
+    /// destination may not take it now (another attempt opened the circuit,
+    /// the probe is out, the bucket ran dry): then do not send it.
+    pub fn start(
+        self: &Arc<Self>,
+        host: &str,
+        sub_id: SubscriptionId,
+        order: ClaimOrder,
+    ) -> Option<AttemptPermit> {
+        let now = self.clock.now();
+        let mut hosts = self.hosts.lock().unwrap();
+        let h = self.host_state(&mut hosts, host, now);
+        let ticket = h.destination.on_start(now)?;
+        let oldest = order == ClaimOrder::OldestFirst;
+        let f = h.subscriptions.entry(sub_id).or_default();
+        f.total += 1;
+        f.oldest += u32::from(oldest);
+        let host = hosts
+            .get_key_value(host)
+            .map(|(k, _)| k.clone())
+            .expect("inserted above");
+        Some(AttemptPermit {
             admission: self.clone(),
-            host: key,
+            host,
+            sub_id,
+            oldest,
+            ticket: Some(ticket),
         })
     }
 
-    /// Attempts in flight to `host` now.
-    pub fn in_flight(&self, host: &str) -> u32 {
-        self.in_flight
+    /// Adopts another node's "this destination's circuit opened" (R1).
+    /// Returns whether it changed anything.
+    pub fn force_open(&self, host: &str) -> bool {
+        let now = self.clock.now();
+        let mut hosts = self.hosts.lock().unwrap();
+        self.host_state(&mut hosts, host, now)
+            .destination
+            .force_open(now, rand::random())
+    }
+
+    /// One destination's isolation state, if this process has seen it.
+    pub fn snapshot(&self, host: &str) -> Option<DestinationSnapshot> {
+        let now = self.clock.now();
+        self.hosts
             .lock()
             .unwrap()
             .get(host)
-            .copied()
-            .unwrap_or(0)
+            .map(|h| h.destination.snapshot(now))
+    }
+
+    /// Every destination's isolation state, by host.
+    pub fn snapshots(&self) -> Vec<(String, DestinationSnapshot)> {
+        let now = self.clock.now();
+        let hosts = self.hosts.lock().unwrap();
+        let mut all: Vec<_> = hosts
+            .iter()
+            .map(|(k, h)| (k.to_string(), h.destination.snapshot(now)))
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
+    fn host_state<'m>(
+        &self,
+        hosts: &'m mut HashMap<Arc<str>, HostState>,
+        host: &str,
+        now: Timestamp,
+    ) -> &'m mut HostState {
+        if !hosts.contains_key(host) {
+            let state = HostState {
+                destination: DestinationAdmission::new(self.config.clone(), now),
+                subscriptions: HashMap::new(),
+                turn: 0,
+            };
+            hosts.insert(Arc::from(host), state);
+        }
+        hosts.get_mut(host).expect("inserted above")
     }
 }
 
-impl HostPermit {
-    /// The destination host this permit is for.
+impl AttemptPermit {
+    /// The destination host.
     pub fn host(&self) -> &str {
         &self.host
     }
+
+    /// Records the attempt's result. Returns the circuit's transition, if
+    /// this result caused one.
+    pub fn finish(mut self, outcome: AttemptOutcome) -> Option<CircuitTransition> {
+        let ticket = self.ticket.take()?;
+        let now = self.admission.clock.now();
+        let mut hosts = self.admission.hosts.lock().unwrap();
+        let h = hosts.get_mut(&*self.host)?;
+        h.destination
+            .on_finish(now, ticket, outcome, rand::random())
+    }
 }
 
-impl Drop for HostPermit {
+impl Drop for AttemptPermit {
     fn drop(&mut self) {
-        let mut map = self.admission.in_flight.lock().unwrap();
-        if let Some(n) = map.get_mut(&*self.host) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                map.remove(&*self.host);
+        let now = self.admission.clock.now();
+        let mut hosts = self.admission.hosts.lock().unwrap();
+        let Some(h) = hosts.get_mut(&*self.host) else {
+            return;
+        };
+        if let Some(ticket) = self.ticket.take() {
+            h.destination.on_cancel(now, ticket);
+        }
+        if let Some(f) = h.subscriptions.get_mut(&self.sub_id) {
+            f.total = f.total.saturating_sub(1);
+            f.oldest = f.oldest.saturating_sub(u32::from(self.oldest));
+            if f.total == 0 {
+                h.subscriptions.remove(&self.sub_id);
             }
         }
     }
@@ -89,18 +278,174 @@ impl Drop for HostPermit {
 
 #[cfg(test)]
 mod tests {
+    use hookd_domain::FakeClock;
+    use hookd_domain::isolation::{CircuitState, OutcomeKind};
+    use hookd_store::DueSubscription;
+
     use super::*;
 
+    fn t0() -> Timestamp {
+        chrono::DateTime::from_timestamp(1_700_000_000, 0).unwrap()
+    }
+
+    fn setup(concurrency: u32) -> (Arc<Admission>, Arc<FakeClock>) {
+        let clock = Arc::new(FakeClock::new(t0()));
+        let mut config = AdmissionConfig {
+            concurrency,
+            ..Default::default()
+        };
+        config.rate_override = Some(1_000.0);
+        (
+            Admission::new(config, Duration::from_secs(30), clock.clone()),
+            clock,
+        )
+    }
+
+    fn due(host: &str, subs: &[(SubscriptionId, i64, i64)], now: Timestamp) -> DueDestination {
+        DueDestination {
+            host: host.into(),
+            subscriptions: subs
+                .iter()
+                .map(|&(sub_id, oldest_age, newest_age)| DueSubscription {
+                    sub_id,
+                    oldest_due_at: now - chrono::Duration::seconds(oldest_age),
+                    newest_due_at: now - chrono::Duration::seconds(newest_age),
+                })
+                .collect(),
+        }
+    }
+
+    fn total(plan: &Plan) -> u32 {
+        plan.claims.iter().map(|c| c.limit).sum()
+    }
+
     #[test]
-    fn a_host_takes_at_most_its_cap_and_slots_return_on_drop() {
-        let a = Admission::new(2);
-        let p1 = a.admit("x").unwrap();
-        let _p2 = a.admit("x").unwrap();
-        assert!(a.admit("x").is_none());
-        assert_eq!(a.available("x"), 0);
-        assert_eq!(a.available("y"), 2, "hosts are independent");
-        drop(p1);
-        assert_eq!(a.available("x"), 1);
-        assert!(a.admit("x").is_some());
+    fn a_host_takes_at_most_its_cap_and_permits_return_on_drop() {
+        let (a, clock) = setup(4);
+        let s = SubscriptionId::new();
+        let d = due("x", &[(s, 0, 0)], clock.now());
+        assert_eq!(total(&a.plan(&d, 100)), 4);
+        let permits: Vec<_> = (0..4)
+            .map(|_| a.start("x", s, ClaimOrder::OldestFirst).unwrap())
+            .collect();
+        assert!(
+            a.start("x", s, ClaimOrder::OldestFirst).is_none(),
+            "the cap holds at start too"
+        );
+        assert_eq!(total(&a.plan(&d, 100)), 0);
+        assert_eq!(
+            total(&a.plan(&due("y", &[(s, 0, 0)], clock.now()), 100)),
+            4,
+            "hosts are independent"
+        );
+        drop(permits);
+        assert_eq!(total(&a.plan(&d, 100)), 4);
+        assert_eq!(a.snapshot("x").unwrap().in_flight, 0);
+    }
+
+    #[test]
+    fn the_process_wide_limit_bounds_a_plan() {
+        let (a, clock) = setup(20);
+        let d = due("x", &[(SubscriptionId::new(), 0, 0)], clock.now());
+        assert_eq!(total(&a.plan(&d, 3)), 3);
+    }
+
+    #[test]
+    fn subscriptions_with_due_work_share_a_host_fairly() {
+        let (a, clock) = setup(20);
+        let (hog, other) = (SubscriptionId::new(), SubscriptionId::new());
+        // The hog already holds 15 slots.
+        let held: Vec<_> = (0..15)
+            .map(|_| a.start("x", hog, ClaimOrder::OldestFirst).unwrap())
+            .collect();
+        let plan = a.plan(&due("x", &[(hog, 0, 0), (other, 0, 0)], clock.now()), 100);
+        let for_other: u32 = plan
+            .claims
+            .iter()
+            .filter(|c| c.sub_id == other)
+            .map(|c| c.limit)
+            .sum();
+        let for_hog: u32 = plan
+            .claims
+            .iter()
+            .filter(|c| c.sub_id == hog)
+            .map(|c| c.limit)
+            .sum();
+        assert_eq!(
+            (for_hog, for_other),
+            (0, 5),
+            "the free slots go to the one below its share"
+        );
+        drop(held);
+    }
+
+    #[test]
+    fn a_backlog_keeps_its_floor_beside_new_work() {
+        let (a, clock) = setup(20);
+        let s = SubscriptionId::new();
+        // Oldest due an hour ago, newest just now: both kinds wait.
+        let plan = a.plan(&due("x", &[(s, 3600, 0)], clock.now()), 100);
+        let oldest: u32 = plan
+            .claims
+            .iter()
+            .filter(|c| c.order == ClaimOrder::OldestFirst)
+            .map(|c| c.limit)
+            .sum();
+        let newest: u32 = plan
+            .claims
+            .iter()
+            .filter(|c| c.order == ClaimOrder::NewestFirst)
+            .map(|c| c.limit)
+            .sum();
+        assert_eq!((oldest, newest), (4, 16), "20 % of 20 to the backlog");
+        // Only fresh work: all of it newest-first.
+        let plan = a.plan(&due("y", &[(s, 1, 0)], clock.now()), 100);
+        assert_eq!(
+            plan.claims,
+            [PlannedClaim {
+                sub_id: s,
+                order: ClaimOrder::NewestFirst,
+                limit: 20
+            }]
+        );
+    }
+
+    #[test]
+    fn an_open_circuit_admits_nothing_until_its_probe() {
+        let (a, clock) = setup(20);
+        let s = SubscriptionId::new();
+        let d = due("x", &[(s, 0, 0)], clock.now());
+        let fail = AttemptOutcome {
+            kind: OutcomeKind::RetryableFailure,
+            latency: Duration::from_millis(5),
+        };
+        let mut opened = false;
+        for _ in 0..20 {
+            let p = a.start("x", s, ClaimOrder::OldestFirst).unwrap();
+            opened |= p.finish(fail) == Some(CircuitTransition::Opened);
+        }
+        assert!(opened);
+        assert_eq!(a.snapshot("x").unwrap().circuit_state, CircuitState::Open);
+        let plan = a.plan(&d, 100);
+        assert!(plan.claims.is_empty());
+        assert!(
+            plan.next_check.unwrap() > clock.now(),
+            "told when to ask again"
+        );
+        clock.advance(Duration::from_secs(31 * 60));
+        let plan = a.plan(&due("x", &[(s, 0, 0)], clock.now()), 100);
+        assert_eq!(total(&plan), 1, "exactly one probe");
+        let probe = a.start("x", s, ClaimOrder::OldestFirst).unwrap();
+        assert!(a.start("x", s, ClaimOrder::OldestFirst).is_none());
+        drop(probe); // cancelled: the probe slot comes back
+        assert_eq!(total(&a.plan(&due("x", &[(s, 0, 0)], clock.now()), 100)), 1);
+    }
+
+    #[test]
+    fn gossip_opens_a_circuit() {
+        let (a, _clock) = setup(20);
+        assert!(a.force_open("x"));
+        assert_eq!(a.snapshot("x").unwrap().circuit_state, CircuitState::Open);
+        assert_eq!(a.snapshots().len(), 1);
     }
 }

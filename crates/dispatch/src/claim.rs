@@ -4,8 +4,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hookd_domain::Clock;
+use hookd_domain::isolation::{AttemptOutcome, CircuitTransition, OutcomeKind};
 use hookd_domain::subscription::SubscriptionState;
+use hookd_domain::{Clock, Timestamp};
 use hookd_store::{
     ClaimRequest, ClaimedDelivery, Lease, RecordOutcome, Store, StoreError, SubscriptionPatch,
 };
@@ -14,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::DispatchConfig;
-use crate::admission::{Admission, HostPermit};
+use crate::admission::{Admission, AttemptPermit};
 use crate::record::decide;
 use crate::send::Sender;
 
@@ -57,8 +58,18 @@ pub enum BuildError {
 /// Work handed to one attempt task.
 struct Job {
     claimed: ClaimedDelivery,
-    _host: HostPermit,
-    _global: OwnedSemaphorePermit,
+    permit: AttemptPermit,
+    global: OwnedSemaphorePermit,
+}
+
+/// What one claim pass did.
+#[derive(Debug, Clone, Copy, Default)]
+struct Pass {
+    /// Attempts started.
+    started: usize,
+    /// The earliest time a destination that admitted nothing could admit
+    /// more (a token, the end of an open period).
+    next_check: Option<Timestamp>,
 }
 
 impl Dispatcher {
@@ -76,7 +87,11 @@ impl Dispatcher {
             inner: Arc::new(Inner {
                 store,
                 sender,
-                admission: Admission::new(config.host_concurrency),
+                admission: Admission::new(
+                    config.admission.clone(),
+                    config.backlog_age,
+                    clock.clone(),
+                ),
                 global: Arc::new(Semaphore::new(config.max_in_flight)),
                 config,
                 clock,
@@ -116,13 +131,24 @@ impl Dispatcher {
                 next_reclaim = tokio::time::Instant::now() + cfg.reclaim_every;
             }
             match self.claim_pass(&tracker, &hard_stop, &unfinished).await {
-                Ok(0) => {
+                Ok(Pass {
+                    started: 0,
+                    next_check,
+                }) => {
                     backoff = Duration::ZERO;
+                    // Nothing could start: wait for new work, a freed slot,
+                    // the earliest destination that will admit more, or the
+                    // poll interval (work that became due by time alone).
+                    let until_check = next_check
+                        .and_then(|t| (t - self.inner.clock.now()).to_std().ok())
+                        .map_or(cfg.poll_interval, |d| {
+                            d.clamp(Duration::from_millis(1), cfg.poll_interval)
+                        });
                     tokio::select! {
                         _ = shutdown.cancelled() => {}
                         _ = self.inner.wake.notified() => {}
                         _ = self.inner.slot_freed.notified() => {}
-                        _ = tokio::time::sleep(cfg.poll_interval) => {}
+                        _ = tokio::time::sleep(until_check) => {}
                     }
                 }
                 Ok(_) => backoff = Duration::ZERO,
@@ -171,74 +197,82 @@ impl Dispatcher {
     pub async fn dispatch_once(&self) -> Result<usize, StoreError> {
         let tracker = TaskTracker::new();
         let unfinished = Arc::new(Mutex::new(Vec::new()));
-        let n = self
+        let pass = self
             .claim_pass(&tracker, &CancellationToken::new(), &unfinished)
             .await?;
         tracker.close();
         tracker.wait().await;
-        Ok(n)
+        Ok(pass.started)
     }
 
     /// Claims what admission allows and spawns one task per claimed
-    /// delivery. Returns how many were started.
+    /// delivery: for each destination with due work, admission plans how
+    /// many deliveries of which subscription to claim, oldest or newest
+    /// first; a destination that admits nothing is not claimed from at all.
     async fn claim_pass(
         &self,
         tracker: &TaskTracker,
         hard_stop: &CancellationToken,
         unfinished: &Arc<Mutex<Vec<Lease>>>,
-    ) -> Result<usize, StoreError> {
+    ) -> Result<Pass, StoreError> {
         let inner = &self.inner;
+        let mut pass = Pass::default();
         if inner.global.available_permits() == 0 {
-            return Ok(0);
+            return Ok(pass);
         }
-        let hosts = inner.store.due_destinations(DESTINATIONS_PER_PASS).await?;
-        let mut started = 0;
-        for host in hosts {
+        let due = inner.store.due_destinations(DESTINATIONS_PER_PASS).await?;
+        for destination in &due {
             let free = inner.global.available_permits() as u32;
             if free == 0 {
                 break;
             }
-            let n = inner.admission.available(&host).min(free);
-            if n == 0 {
-                continue;
+            let plan = inner.admission.plan(destination, free);
+            if let Some(t) = plan.next_check {
+                pass.next_check = Some(pass.next_check.map_or(t, |p| p.min(t)));
             }
-            let req = ClaimRequest {
-                worker_id: inner.config.worker_id.clone(),
-                destination: host.clone(),
-                limit: n,
-                lease: inner.config.lease,
-            };
-            let claimed = inner.store.claim_due(&req).await?;
-            let mut refused = Vec::new();
-            for c in claimed {
-                // This loop is the only claimer in the process, so capacity
-                // checked above is still there; if not, give the row back.
-                let permits = inner
-                    .admission
-                    .admit(&host)
-                    .zip(inner.global.clone().try_acquire_owned().ok());
-                let Some((host_permit, global_permit)) = permits else {
-                    refused.push(c.lease);
-                    continue;
+            for claim in plan.claims {
+                let req = ClaimRequest {
+                    worker_id: inner.config.worker_id.clone(),
+                    destination: destination.host.clone(),
+                    subscription: Some(claim.sub_id),
+                    order: claim.order,
+                    limit: claim.limit,
+                    lease: inner.config.lease,
                 };
-                let job = Job {
-                    claimed: c,
-                    _host: host_permit,
-                    _global: global_permit,
-                };
-                tracker.spawn(attempt(
-                    inner.clone(),
-                    job,
-                    hard_stop.clone(),
-                    unfinished.clone(),
-                ));
-                started += 1;
-            }
-            if !refused.is_empty() {
-                inner.store.release(&refused).await?;
+                let claimed = inner.store.claim_due(&req).await?;
+                let mut refused = Vec::new();
+                for c in claimed {
+                    // Admission may have changed since the plan (an attempt
+                    // that just failed opened the circuit): then give the row
+                    // back untouched.
+                    let permit =
+                        inner
+                            .admission
+                            .start(&destination.host, c.delivery.sub_id, claim.order);
+                    let global = inner.global.clone().try_acquire_owned().ok();
+                    let Some((permit, global)) = permit.zip(global) else {
+                        refused.push(c.lease);
+                        continue;
+                    };
+                    let job = Job {
+                        claimed: c,
+                        permit,
+                        global,
+                    };
+                    tracker.spawn(attempt(
+                        inner.clone(),
+                        job,
+                        hard_stop.clone(),
+                        unfinished.clone(),
+                    ));
+                    pass.started += 1;
+                }
+                if !refused.is_empty() {
+                    inner.store.release(&refused).await?;
+                }
             }
         }
-        Ok(started)
+        Ok(pass)
     }
 }
 
@@ -249,23 +283,39 @@ async fn attempt(
     hard_stop: CancellationToken,
     unfinished: Arc<Mutex<Vec<Lease>>>,
 ) {
-    let lease = job.claimed.lease;
+    let Job {
+        claimed,
+        permit,
+        global,
+    } = job;
     tokio::select! {
-        _ = run_attempt(&inner, &job.claimed) => {}
-        _ = hard_stop.cancelled() => unfinished.lock().unwrap().push(lease),
+        outcome = run_attempt(&inner, &claimed) => {
+            let host = permit.host().to_owned();
+            if permit.finish(outcome) == Some(CircuitTransition::Opened) {
+                tracing::warn!(
+                    destination = %host,
+                    "circuit opened: attempts to this destination pause until a probe succeeds"
+                );
+            }
+        }
+        // Dropping the permit unfinished cancels it in admission.
+        _ = hard_stop.cancelled() => unfinished.lock().unwrap().push(claimed.lease),
     }
-    drop(job);
+    drop(global);
     inner.slot_freed.notify_one();
 }
 
-async fn run_attempt(inner: &Inner, claimed: &ClaimedDelivery) {
+/// Makes the attempt and records it; returns how it went, for admission.
+async fn run_attempt(inner: &Inner, claimed: &ClaimedDelivery) -> AttemptOutcome {
     let cfg = &inner.config;
     let number = claimed.delivery.attempt + 1;
+    fail::fail_point!("dispatch.after_claim");
     let sent = tokio::select! {
         sent = inner.sender.send(claimed, number, inner.clock.as_ref()) => sent,
         never = renew_while_running(inner, claimed.lease) => match never {},
     };
     let now = inner.clock.now();
+    let latency = sent.attempt.duration;
     let decision = decide(
         claimed,
         claimed.lease,
@@ -274,6 +324,10 @@ async fn run_attempt(inner: &Inner, claimed: &ClaimedDelivery) {
         now,
         rand::random::<f64>(),
     );
+    let outcome = AttemptOutcome {
+        kind: OutcomeKind::from_verdict(decision.verdict),
+        latency,
+    };
     tracing::debug!(
         delivery_id = %claimed.delivery.id,
         destination = %claimed.delivery.destination_host,
@@ -283,6 +337,7 @@ async fn run_attempt(inner: &Inner, claimed: &ClaimedDelivery) {
         next = ?decision.record.next,
         "attempt finished"
     );
+    crash_points_before_record(&decision.record.next);
     let disable = decision.disable_subscription;
     match record_with_retry(inner, decision.record).await {
         Some(RecordOutcome::Recorded) => {}
@@ -310,6 +365,7 @@ async fn run_attempt(inner: &Inner, claimed: &ClaimedDelivery) {
             }
         }
     }
+    outcome
 }
 
 /// Renews the lease every `renew_every` for as long as it is polled.
@@ -375,4 +431,15 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
         src = cause.source();
     }
     s
+}
+
+/// The crash points between an attempt's result and its record, one per
+/// next state (feature `failpoints`; without it this does nothing).
+fn crash_points_before_record(next: &hookd_store::NextState) {
+    match next {
+        hookd_store::NextState::Delivered => fail::fail_point!("dispatch.after_response"),
+        hookd_store::NextState::Retry { .. } => fail::fail_point!("dispatch.before_record_retry"),
+        hookd_store::NextState::Dead => fail::fail_point!("dispatch.before_record_dead"),
+        _ => {}
+    }
 }

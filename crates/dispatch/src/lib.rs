@@ -18,6 +18,7 @@ pub mod send;
 
 use std::time::Duration;
 
+use hookd_domain::isolation::AdmissionConfig;
 use hookd_domain::retry::RetrySchedule;
 
 pub use claim::Dispatcher;
@@ -38,8 +39,12 @@ pub struct DispatchConfig {
     pub renew_every: Duration,
     /// Attempts in flight at once in this process, across all destinations.
     pub max_in_flight: usize,
-    /// Attempts in flight at once per destination host (design §6, layer 1).
-    pub host_concurrency: u32,
+    /// Per-destination isolation: the concurrency cap (design §6 layer 1),
+    /// circuit breaker, adaptive rate and recovery ramp.
+    pub admission: AdmissionConfig,
+    /// A due delivery older than this counts as backlog, which keeps a
+    /// guaranteed share of its destination's concurrency (R4).
+    pub backlog_age: Duration,
     /// How long to wait for new work when a pass found none and nothing
     /// woke the dispatcher.
     pub poll_interval: Duration,
@@ -55,8 +60,9 @@ pub struct DispatchConfig {
 }
 
 impl DispatchConfig {
-    /// The design's values (§7): lease 90 s, timeout 30 s, renewal every 30 s,
-    /// 20 in flight per host.
+    /// The design's values (§6, §7): lease 90 s, timeout 30 s, renewal every
+    /// 30 s, 20 in flight per host, breaker/rate/ramp as in
+    /// `hookd_domain::isolation`.
     pub fn standard(worker_id: String) -> Self {
         Self {
             worker_id,
@@ -64,7 +70,8 @@ impl DispatchConfig {
             attempt_timeout: Duration::from_secs(30),
             renew_every: Duration::from_secs(30),
             max_in_flight: 1024,
-            host_concurrency: 20,
+            admission: AdmissionConfig::default(),
+            backlog_age: Duration::from_secs(30),
             poll_interval: Duration::from_millis(500),
             reclaim_every: Duration::from_secs(5),
             shutdown_grace: Duration::from_secs(10),
@@ -84,7 +91,7 @@ impl DispatchConfig {
         if self.renew_every.is_zero() || self.renew_every >= self.lease {
             return Err("lease renewal must be more frequent than the lease".into());
         }
-        if self.max_in_flight == 0 || self.host_concurrency == 0 {
+        if self.max_in_flight == 0 || self.admission.concurrency == 0 {
             return Err("concurrency limits must be at least 1".into());
         }
         Ok(())

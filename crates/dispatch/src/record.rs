@@ -12,6 +12,8 @@ use crate::send::Sent;
 /// What recording an attempt means.
 #[derive(Debug, Clone)]
 pub struct Decision {
+    /// How the attempt was judged (admission learns from it).
+    pub verdict: Verdict,
     /// The store write.
     pub record: AttemptRecord,
     /// The destination answered 410 Gone: disable the subscription.
@@ -57,6 +59,7 @@ pub fn decide(
         }
     };
     Decision {
+        verdict,
         record: AttemptRecord {
             lease,
             attempt: sent.attempt,
@@ -105,7 +108,10 @@ mod tests {
         let (event_id, sub_id, id) = (EventId::new(), SubscriptionId::new(), DeliveryId::new());
         let event_type = EventType::parse("invoice.paid").unwrap();
         ClaimedDelivery {
-            lease: Lease { delivery_id: id, token: 1 },
+            lease: Lease {
+                delivery_id: id,
+                token: 1,
+            },
             delivery: Delivery {
                 id,
                 event_id,
@@ -121,13 +127,27 @@ mod tests {
                 window_start: now,
                 updated_at: now,
             },
-            event: Event { id: event_id, event_type, payload: "{}".into(), idempotency_key: None, customer_id: None, created_at: now },
+            event: Event {
+                id: event_id,
+                event_type,
+                payload: "{}".into(),
+                idempotency_key: None,
+                customer_id: None,
+                created_at: now,
+            },
             subscription: Subscription {
                 id: sub_id,
                 customer_id: None,
-                url: DestinationUrl::parse("https://example.com/hook", DestinationPolicy::PublicOnly).unwrap(),
+                url: DestinationUrl::parse(
+                    "https://example.com/hook",
+                    DestinationPolicy::PublicOnly,
+                )
+                .unwrap(),
                 event_types: vec![EventTypePattern::All],
-                keys: SigningKeys { current: SigningSecret::generate(), previous: None },
+                keys: SigningKeys {
+                    current: SigningSecret::generate(),
+                    previous: None,
+                },
                 ordered: false,
                 retry_policy: policy,
                 state: SubscriptionState::Active,
@@ -144,13 +164,23 @@ mod tests {
             AttemptResult::Error(c) => (None, Some(c)),
         };
         Sent {
-            attempt: Attempt { number, started_at: clock.now(), duration: Duration::from_millis(5), status, error_class, response_snippet: None },
+            attempt: Attempt {
+                number,
+                started_at: clock.now(),
+                duration: Duration::from_millis(5),
+                status,
+                error_class,
+                response_snippet: None,
+            },
             result,
         }
     }
 
     fn status(code: u16, retry_after: Option<u64>) -> AttemptResult {
-        AttemptResult::Status { code, retry_after: retry_after.map(Duration::from_secs) }
+        AttemptResult::Status {
+            code,
+            retry_after: retry_after.map(Duration::from_secs),
+        }
     }
 
     fn clock() -> FakeClock {
@@ -177,7 +207,9 @@ mod tests {
         let c = claimed(&clock, 0, RetryPolicy::default());
         for unit in [0.0, 0.3, 0.999] {
             let d = run(&c, sent(&clock, 1, status(429, Some(5))), clock.now(), unit);
-            let NextState::Retry { delay } = d.record.next else { panic!("429 must be retried") };
+            let NextState::Retry { delay } = d.record.next else {
+                panic!("429 must be retried")
+            };
             assert!(delay >= Duration::from_secs(5), "{delay:?}");
         }
     }
@@ -186,10 +218,19 @@ mod tests {
     fn a_503_and_a_timeout_are_retried_within_the_backoff_bound() {
         let clock = clock();
         let c = claimed(&clock, 2, RetryPolicy::default());
-        for result in [status(503, None), AttemptResult::Error(ErrorClass::Timeout), AttemptResult::Error(ErrorClass::Connection)] {
+        for result in [
+            status(503, None),
+            AttemptResult::Error(ErrorClass::Timeout),
+            AttemptResult::Error(ErrorClass::Connection),
+        ] {
             let d = run(&c, sent(&clock, 3, result), clock.now(), 0.999);
-            let NextState::Retry { delay } = d.record.next else { panic!("{result:?} must be retried") };
-            assert!(delay <= Duration::from_secs(4), "third attempt's bound is 4 s: {delay:?}");
+            let NextState::Retry { delay } = d.record.next else {
+                panic!("{result:?} must be retried")
+            };
+            assert!(
+                delay <= Duration::from_secs(4),
+                "third attempt's bound is 4 s: {delay:?}"
+            );
         }
     }
 
@@ -205,7 +246,14 @@ mod tests {
     #[test]
     fn retries_stop_at_max_attempts_and_at_the_end_of_the_window() {
         let clock = clock();
-        let c = claimed(&clock, 2, RetryPolicy { max_attempts: Some(3), ..Default::default() });
+        let c = claimed(
+            &clock,
+            2,
+            RetryPolicy {
+                max_attempts: Some(3),
+                ..Default::default()
+            },
+        );
         let d = run(&c, sent(&clock, 3, status(500, None)), clock.now(), 0.5);
         assert_eq!(d.record.next, NextState::Dead);
 
@@ -218,7 +266,14 @@ mod tests {
     #[test]
     fn a_subscription_may_retry_a_4xx() {
         let clock = clock();
-        let c = claimed(&clock, 0, RetryPolicy { retryable_statuses: vec![403], ..Default::default() });
+        let c = claimed(
+            &clock,
+            0,
+            RetryPolicy {
+                retryable_statuses: vec![403],
+                ..Default::default()
+            },
+        );
         let d = run(&c, sent(&clock, 1, status(403, None)), clock.now(), 0.5);
         assert!(matches!(d.record.next, NextState::Retry { .. }));
     }
@@ -229,6 +284,9 @@ mod tests {
         let c = claimed(&clock, 0, RetryPolicy::default());
         let d = run(&c, sent(&clock, 1, status(302, None)), clock.now(), 0.5);
         assert_eq!(d.record.next, NextState::Failed);
-        assert_eq!(d.record.last_error.as_deref(), Some("HTTP 302: redirects are not followed"));
+        assert_eq!(
+            d.record.last_error.as_deref(),
+            Some("HTTP 302: redirects are not followed")
+        );
     }
 }

@@ -141,7 +141,11 @@ pub fn envelope(msg_id: &str, claimed: &ClaimedDelivery) -> String {
 /// Reads at most `max` bytes of the body, until `deadline`, and keeps at
 /// most [`MAX_SNIPPET_BYTES`] of it as text. A body cut off early (by the
 /// limit, the deadline or the peer) does not change the attempt's status.
-async fn read_bounded(mut response: reqwest::Response, max: usize, deadline: tokio::time::Instant) -> String {
+async fn read_bounded(
+    mut response: reqwest::Response,
+    max: usize,
+    deadline: tokio::time::Instant,
+) -> String {
     let mut kept = Vec::new();
     let mut read = 0usize;
     while read < max {

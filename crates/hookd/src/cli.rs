@@ -75,6 +75,26 @@ pub struct ServeArgs {
     /// Attempts in flight at once per destination host.
     #[arg(long, env = "HOOKD_HOST_CONCURRENCY", default_value_t = 20)]
     host_concurrency: u32,
+    /// The rate a destination starts at, in attempts per second; it adapts
+    /// to what the destination sustains (faster while it answers quickly and
+    /// successfully, slower when latency or failures climb).
+    #[arg(long, env = "HOOKD_DESTINATION_RATE_INITIAL", default_value_t = 50.0)]
+    destination_rate_initial: f64,
+    /// The most attempts per second hookd offers any one destination.
+    #[arg(long, env = "HOOKD_DESTINATION_RATE_MAX", default_value_t = 10_000.0)]
+    destination_rate_max: f64,
+    /// The first open period of a destination's circuit breaker (doubling,
+    /// up to 30 min, while probes keep failing).
+    #[arg(long, env = "HOOKD_BREAKER_BACKOFF", default_value = "30s", value_parser = humantime::parse_duration)]
+    breaker_backoff: Duration,
+    /// How long a recovered destination takes to ramp from 10 % to 100 % of
+    /// its rate and concurrency.
+    #[arg(long, env = "HOOKD_RECOVERY_RAMP", default_value = "5m", value_parser = humantime::parse_duration)]
+    recovery_ramp: Duration,
+    /// A due delivery older than this is backlog: it keeps a guaranteed 20 %
+    /// of its destination's concurrency, so backlogs always drain.
+    #[arg(long, env = "HOOKD_BACKLOG_AGE", default_value = "30s", value_parser = humantime::parse_duration)]
+    backlog_age: Duration,
     /// Attempts in flight at once in this process.
     #[arg(long, env = "HOOKD_MAX_IN_FLIGHT", default_value_t = 1024)]
     max_in_flight: usize,
@@ -102,12 +122,28 @@ impl Cli {
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
+    arm_failpoints()?;
     let worker_id = args.worker_id.unwrap_or_else(default_worker_id);
     let mut dispatch = hookd_dispatch::DispatchConfig::standard(worker_id);
     dispatch.lease = args.lease;
     dispatch.attempt_timeout = args.attempt_timeout;
     dispatch.renew_every = args.lease_renewal;
-    dispatch.host_concurrency = args.host_concurrency;
+    dispatch.admission.concurrency = args.host_concurrency;
+    anyhow::ensure!(
+        args.destination_rate_initial >= 1.0
+            && args.destination_rate_initial <= args.destination_rate_max,
+        "--destination-rate-initial must be at least 1 and at most --destination-rate-max"
+    );
+    dispatch.admission.rate.initial = args.destination_rate_initial;
+    dispatch.admission.rate.max = args.destination_rate_max;
+    dispatch.admission.breaker.base_backoff = args.breaker_backoff;
+    dispatch.admission.breaker.max_backoff = dispatch
+        .admission
+        .breaker
+        .max_backoff
+        .max(args.breaker_backoff);
+    dispatch.admission.ramp.period = args.recovery_ramp;
+    dispatch.backlog_age = args.backlog_age;
     dispatch.max_in_flight = args.max_in_flight;
     dispatch.shutdown_grace = args.shutdown_grace;
     dispatch
@@ -144,6 +180,44 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         shutdown.cancel();
     });
     app.run().await
+}
+
+/// How `hookd serve` exits when a failpoint armed with `exit` is hit.
+pub const FAILPOINT_EXIT_CODE: i32 = 86;
+
+/// Arms the crash points named in `HOOKD_FAILPOINTS` (`name=action;…`), in
+/// builds with the `failpoints` feature only (the end-to-end tests' build;
+/// never a release). An action is one of `fail`'s (`panic`, `sleep(ms)`,
+/// `off`, …) or `exit`: the process exits at once with
+/// [`FAILPOINT_EXIT_CODE`], without unwinding or shutting down, like a crash.
+fn arm_failpoints() -> anyhow::Result<()> {
+    let Ok(spec) = std::env::var("HOOKD_FAILPOINTS") else {
+        return Ok(());
+    };
+    if !fail::has_failpoints() {
+        tracing::warn!("HOOKD_FAILPOINTS is ignored: this build has no failpoints");
+        return Ok(());
+    }
+    for entry in spec.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+        let (name, action) = entry
+            .split_once('=')
+            .map(|(n, a)| (n.trim().to_owned(), a.trim()))
+            .with_context(|| format!("HOOKD_FAILPOINTS: `{entry}` is not `name=action`"))?;
+        let armed = if action == "exit" {
+            let hit = name.clone();
+            fail::cfg_callback(name.clone(), move || {
+                eprintln!("failpoint {hit} hit: exiting with {FAILPOINT_EXIT_CODE}");
+                std::process::exit(FAILPOINT_EXIT_CODE)
+            })
+        } else {
+            fail::cfg(name.clone(), action)
+        };
+        armed
+            .map_err(anyhow::Error::msg)
+            .with_context(|| format!("HOOKD_FAILPOINTS: arming `{name}`"))?;
+        tracing::warn!(failpoint = %name, action, "failpoint armed");
+    }
+    Ok(())
 }
 
 async fn wait_for_signal() {

@@ -3,7 +3,14 @@
 //! set), and real HTTP receivers on loopback addresses.
 
 mod helpers;
+mod private_pg;
 
 mod attempts;
+mod crash;
+mod crash_points;
 mod delivery;
+mod guarantee;
+mod isolation;
+mod pg_faults;
 mod process;
+mod shutdown;
