@@ -164,10 +164,14 @@ pub(crate) async fn replay(
     IdPath(id): IdPath<DeliveryId>,
 ) -> Result<(StatusCode, Json<DeliveryView>), ApiError> {
     visible_delivery(&state, &caller, &id).await?;
-    state.store().replay_delivery(&id).await.map_err(|e| match e {
-        StoreError::NotFound => ApiError::not_found("delivery"),
-        e => e.into(),
-    })?;
+    state
+        .store()
+        .replay_delivery(&id)
+        .await
+        .map_err(|e| match e {
+            StoreError::NotFound => ApiError::not_found("delivery"),
+            e => e.into(),
+        })?;
     state.wake().notify_one();
     let detail = visible_delivery(&state, &caller, &id).await?;
     Ok((StatusCode::ACCEPTED, Json(detail.into())))
@@ -176,7 +180,11 @@ pub(crate) async fn replay(
 /// The delivery with its attempts, if the caller may see it: a delivery is
 /// its subscription's customer's, and a deleted or foreign subscription
 /// hides it (404, never 403).
-async fn visible_delivery(state: &AppState, caller: &Caller, id: &DeliveryId) -> Result<DeliveryDetail, ApiError> {
+async fn visible_delivery(
+    state: &AppState,
+    caller: &Caller,
+    id: &DeliveryId,
+) -> Result<DeliveryDetail, ApiError> {
     let not_found = || ApiError::not_found("delivery");
     let detail = state.store().get_delivery(id).await.map_err(|e| match e {
         StoreError::NotFound => not_found(),

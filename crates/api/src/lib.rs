@@ -157,7 +157,10 @@ pub fn router(state: AppState) -> Router {
         .route("/events", axum::routing::post(events::create))
         .route("/events/{id}", get(events::get))
         .route("/deliveries/{id}", get(deliveries::get))
-        .route("/deliveries/{id}/replay", axum::routing::post(deliveries::replay))
+        .route(
+            "/deliveries/{id}/replay",
+            axum::routing::post(deliveries::replay),
+        )
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .with_state(state)
