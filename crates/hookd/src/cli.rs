@@ -176,8 +176,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let shutdown = app.shutdown_token();
     tokio::spawn(async move {
         wait_for_signal().await;
-        tracing::info!("signal received: shutting down");
         shutdown.cancel();
+        tracing::info!("signal received: shutting down");
     });
     app.run().await
 }
@@ -257,9 +257,14 @@ fn redact_url(url: &str) -> String {
 fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("HOOKD_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    // A log line that cannot be written (stderr closed: `hookd serve | head`)
+    // is dropped. tracing's default is to report that with `eprintln!`,
+    // which panics on the same closed stderr — inside whatever task was
+    // logging, e.g. the one that turns SIGTERM into a shutdown.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .log_internal_errors(false);
     let _ = match format {
         LogFormat::Human => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),

@@ -23,10 +23,22 @@ fn hookd(dir: &std::path::Path) -> Command {
     c
 }
 
+/// Sends SIGTERM and waits for the exit, failing (not hanging) if the
+/// process does not stop within a generous bound.
 fn terminate(child: &mut Child) -> std::process::ExitStatus {
     let pid = child.id().to_string();
     Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-    child.wait().unwrap()
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("hookd did not stop within 30 s of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Reads stdout lines until one looks like a generated token.
@@ -230,4 +242,32 @@ async fn listen_prints_webhooks_and_says_whether_the_signature_verifies() {
     assert!(line.contains("INVALID"), "{line}");
     child.kill().unwrap();
     child.wait().unwrap();
+}
+
+#[tokio::test]
+async fn sigterm_stops_serve_even_when_its_stderr_is_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut child = hookd(dir.path())
+        .args(["serve", "--listen", &listen])
+        .env("HOOKD_ADMIN_TOKEN", "t")
+        .env("HOOKD_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let client = reqwest::Client::new();
+    eventually("serve to answer", || async {
+        client
+            .get(format!("http://{listen}/healthz"))
+            .send()
+            .await
+            .ok()
+            .map(|_| ())
+    })
+    .await;
+    // Close the reading end, as `hookd serve 2>&1 | head -1` does.
+    drop(child.stderr.take());
+    let status = terminate(&mut child);
+    assert!(status.success(), "{status:?}");
 }
