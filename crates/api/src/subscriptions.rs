@@ -11,7 +11,8 @@ use hookd_domain::destination::DestinationUrl;
 use hookd_domain::event_type::EventTypePattern;
 use hookd_domain::signing::SigningSecret;
 use hookd_domain::subscription::{
-    MAX_EVENT_TYPES, RetryPolicy, SigningKeys, Subscription, SubscriptionState,
+    InvalidRateLimit, MAX_EVENT_TYPES, RetryPolicy, SigningKeys, Subscription, SubscriptionState,
+    parse_rate_limit,
 };
 use hookd_domain::{CustomerId, SubscriptionId, Timestamp};
 use hookd_store::{NewSubscription, SubscriptionPatch, SubscriptionQuery};
@@ -38,6 +39,8 @@ pub(crate) struct SubscriptionView {
     customer_id: Option<CustomerId>,
     ordered: bool,
     retry_policy: RetryPolicy,
+    /// Attempts per second at the destination host; `null` is adaptive.
+    rate_limit: Option<u32>,
     state: SubscriptionState,
     description: Option<String>,
     created_at: Timestamp,
@@ -53,6 +56,7 @@ impl From<Subscription> for SubscriptionView {
             customer_id: s.customer_id,
             ordered: s.ordered,
             retry_policy: s.retry_policy,
+            rate_limit: s.rate_limit,
             state: s.state,
             description: s.description,
             created_at: s.created_at,
@@ -82,6 +86,11 @@ pub(crate) struct CreateSubscription {
     ordered: Option<bool>,
     #[serde(default)]
     retry_policy: Option<RetryPolicy>,
+    /// Any JSON number, so that `0`, `-1` or `2.5` reach
+    /// [`check_rate_limit`] and are refused with 422 like other values out
+    /// of bounds; a string or other non-number is still a 400.
+    #[serde(default)]
+    rate_limit: Option<serde_json::Number>,
     #[serde(default)]
     description: Option<String>,
 }
@@ -99,6 +108,9 @@ pub(crate) struct PatchSubscription {
     retry_policy: Option<RetryPolicy>,
     #[serde(default)]
     state: Option<String>,
+    /// Absent leaves it; `null` clears it (adaptive again).
+    #[serde(default, deserialize_with = "present")]
+    rate_limit: Option<Option<serde_json::Number>>,
     /// Absent leaves it; `null` clears it.
     #[serde(default, deserialize_with = "present")]
     description: Option<Option<String>>,
@@ -151,6 +163,16 @@ fn check_retry_policy(p: RetryPolicy) -> Result<RetryPolicy, ApiError> {
     p.validate()
         .map_err(|e| ApiError::invalid("retry_policy", e))?;
     Ok(p)
+}
+
+/// An explicit rate limit: a whole number of attempts per second within the
+/// domain's bounds. A fraction, a negative or a too-large number is a value
+/// out of bounds (422), not a malformed body.
+fn check_rate_limit(n: serde_json::Number) -> Result<u32, ApiError> {
+    n.as_u64()
+        .ok_or(InvalidRateLimit)
+        .and_then(parse_rate_limit)
+        .map_err(|e| ApiError::invalid("rate_limit", e))
 }
 
 fn check_description(d: String) -> Result<String, ApiError> {
@@ -220,6 +242,7 @@ pub(crate) async fn create(
         None => SigningSecret::generate(),
     };
     let retry_policy = check_retry_policy(req.retry_policy.unwrap_or_default())?;
+    let rate_limit = req.rate_limit.map(check_rate_limit).transpose()?;
     let description = req.description.map(check_description).transpose()?;
     let exposed = secret.expose();
     let created = state
@@ -235,6 +258,7 @@ pub(crate) async fn create(
             },
             ordered: req.ordered.unwrap_or(false),
             retry_policy,
+            rate_limit,
             description,
         })
         .await?;
@@ -326,6 +350,10 @@ pub(crate) async fn update(
                     .ok_or_else(|| ApiError::invalid("state", "must be \"active\" or \"disabled\""))
             })
             .transpose()?,
+        rate_limit: req
+            .rate_limit
+            .map(|r| r.map(check_rate_limit).transpose())
+            .transpose()?,
         description: req
             .description
             .map(|d| d.map(check_description).transpose())
@@ -337,6 +365,7 @@ pub(crate) async fn update(
         && patch.ordered.is_none()
         && patch.retry_policy.is_none()
         && patch.state.is_none()
+        && patch.rate_limit.is_none()
         && patch.description.is_none();
     if unchanged {
         return Ok(Json(current.into()));

@@ -233,6 +233,7 @@ async fn a_subscription_is_created_read_listed_changed_and_deleted() {
     assert_eq!(created["retry_policy"], json!({"max_attempts": 5}));
     assert_eq!(created["state"], "active");
     assert_eq!(created["description"], "billing");
+    assert_eq!(created["rate_limit"], Value::Null, "unset: adaptive");
     assert!(created["created_at"].is_string() && created["updated_at"].is_string());
 
     // The secret is shown at creation only.
@@ -311,6 +312,42 @@ async fn a_given_secret_is_kept_and_returned_once() {
         .await;
     assert_eq!(status, StatusCode::CREATED, "{created}");
     assert_eq!(created["secret"], secret);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn an_explicit_rate_limit_is_set_changed_and_cleared() {
+    let app = spawn_app().await;
+    let (status, created) = app
+        .post(
+            "/subscriptions",
+            ADMIN,
+            json!({"url": "https://hooks.example.com/in", "event_types": ["*"], "rate_limit": 25}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    assert_eq!(created["rate_limit"], 25);
+    let path = format!("/subscriptions/{}", created["sub_id"].as_str().unwrap());
+    assert_eq!(app.get(&path, ADMIN).await.1["rate_limit"], 25);
+    assert_eq!(
+        app.get("/subscriptions", ADMIN).await.1["data"][0]["rate_limit"],
+        25
+    );
+
+    let (status, changed) = app.patch(&path, ADMIN, json!({"rate_limit": 10_000})).await;
+    assert_eq!(status, StatusCode::OK, "{changed}");
+    assert_eq!(changed["rate_limit"], 10_000);
+    let (_, other) = app.patch(&path, ADMIN, json!({"description": "x"})).await;
+    assert_eq!(other["rate_limit"], 10_000, "a patch without it leaves it");
+
+    let (status, cleared) = app.patch(&path, ADMIN, json!({"rate_limit": null})).await;
+    assert_eq!(status, StatusCode::OK, "{cleared}");
+    assert_eq!(cleared["rate_limit"], Value::Null, "null clears it");
+    assert_eq!(cleared["description"], "x");
+    assert_eq!(app.get(&path, ADMIN).await.1["rate_limit"], Value::Null);
+
+    let (_, set) = app.patch(&path, ADMIN, json!({"rate_limit": 1})).await;
+    assert_eq!(set["rate_limit"], 1, "the smallest allowed");
     app.stop().await;
 }
 
@@ -782,6 +819,15 @@ async fn malformed_requests_are_400_naming_the_field() {
             json!({"url": "https://x.example.com/", "event_types": ["*"], "retry_policy": {"tries": 3}}),
             "tries",
         ),
+        // Not a number at all: a wrong JSON type, like any other field's.
+        (
+            json!({"url": "https://x.example.com/", "event_types": ["*"], "rate_limit": "10"}),
+            "rate_limit",
+        ),
+        (
+            json!({"url": "https://x.example.com/", "event_types": ["*"], "rate_limit": [10]}),
+            "rate_limit",
+        ),
     ];
     for (body, field) in cases {
         let got = app.post("/subscriptions", ADMIN, body.clone()).await;
@@ -815,6 +861,17 @@ async fn malformed_requests_are_400_naming_the_field() {
         StatusCode::BAD_REQUEST,
         "bad_request",
         &["secret"],
+    );
+    assert_error(
+        &app.patch(
+            &format!("/subscriptions/{sub}"),
+            ADMIN,
+            json!({"rate_limit": true}),
+        )
+        .await,
+        StatusCode::BAD_REQUEST,
+        "bad_request",
+        &["rate_limit"],
     );
 
     // Not JSON at all, trailing garbage, an empty body.
@@ -976,6 +1033,11 @@ async fn well_formed_but_invalid_values_are_422_naming_the_field() {
         ),
         (sub(json!({"secret": "hunter2"})), "secret"),
         (sub(json!({"description": "d".repeat(2000)})), "description"),
+        (sub(json!({"rate_limit": 0})), "rate_limit"),
+        (sub(json!({"rate_limit": 10_001})), "rate_limit"),
+        (sub(json!({"rate_limit": -5})), "rate_limit"),
+        (sub(json!({"rate_limit": 2.5})), "rate_limit"),
+        (sub(json!({"rate_limit": 5_000_000_000u64})), "rate_limit"),
     ];
     for (body, field) in cases {
         let got = app.post("/subscriptions", ADMIN, body.clone()).await;
@@ -1006,6 +1068,19 @@ async fn well_formed_but_invalid_values_are_422_naming_the_field() {
         StatusCode::UNPROCESSABLE_ENTITY,
         "validation_failed",
         &["url"],
+    );
+    for bad in [json!(0), json!(10_001), json!(-1), json!(0.5)] {
+        assert_error(
+            &app.patch(&path, ADMIN, json!({"rate_limit": bad})).await,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "validation_failed",
+            &["rate_limit", "1", "10000"],
+        );
+    }
+    assert_eq!(
+        app.get(&path, ADMIN).await.1["rate_limit"],
+        Value::Null,
+        "a refused patch changes nothing"
     );
 
     let events = [

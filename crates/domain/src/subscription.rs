@@ -14,6 +14,36 @@ use crate::{CustomerId, SubscriptionId, Timestamp};
 /// Most event type patterns one subscription may list.
 pub const MAX_EVENT_TYPES: usize = 64;
 
+/// The smallest explicit [`Subscription::rate_limit`], in attempts per second.
+pub const MIN_RATE_LIMIT: u32 = 1;
+/// The largest explicit [`Subscription::rate_limit`], in attempts per second.
+/// Far above what one destination should take from us; a typo like `1e6`
+/// is refused rather than read as "unlimited".
+pub const MAX_RATE_LIMIT: u32 = 10_000;
+
+/// Why a `rate_limit` was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("rate_limit must be an integer from {MIN_RATE_LIMIT} to {MAX_RATE_LIMIT}")]
+pub struct InvalidRateLimit;
+
+/// Checks an explicit `rate_limit` (attempts per second) against its bounds,
+/// [`MIN_RATE_LIMIT`] to [`MAX_RATE_LIMIT`]. Takes a `u64` so that a caller
+/// holding a wider number (a JSON integer) need not truncate it first.
+pub fn parse_rate_limit(n: u64) -> Result<u32, InvalidRateLimit> {
+    u32::try_from(n)
+        .ok()
+        .filter(|n| (MIN_RATE_LIMIT..=MAX_RATE_LIMIT).contains(n))
+        .ok_or(InvalidRateLimit)
+}
+
+/// The rate a destination host gets from the explicit limits of the
+/// subscriptions there: the smallest of those set, or `None` (adaptive) when
+/// none is. Politeness: the strictest statement a customer made about that
+/// server wins, since every subscription there shares the one server.
+pub fn host_rate_limit(limits: impl IntoIterator<Item = Option<u32>>) -> Option<u32> {
+    limits.into_iter().flatten().min()
+}
+
 /// Whether a subscription receives deliveries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -201,6 +231,14 @@ pub struct Subscription {
     pub retry_policy: RetryPolicy,
     /// Whether deliveries are attempted.
     pub state: SubscriptionState,
+    /// An explicit rate for its destination host, in attempts per second
+    /// ([`MIN_RATE_LIMIT`] to [`MAX_RATE_LIMIT`], checked by
+    /// [`parse_rate_limit`] where it enters). `None` (the usual case) leaves
+    /// the host's rate adaptive: it follows the destination's observed
+    /// throughput. When several subscriptions at one host set it, the host's
+    /// rate is the smallest of them ([`host_rate_limit`]): the strictest
+    /// customer statement about that server wins.
+    pub rate_limit: Option<u32>,
     /// A free-form description.
     pub description: Option<String>,
     /// When it was created.
@@ -264,6 +302,37 @@ mod tests {
         assert_eq!(s.max_attempts, 3);
         assert_eq!(s.base, d.base);
         assert_eq!(s.max_age, d.max_age);
+    }
+
+    #[test]
+    fn rate_limit_bounds_are_enforced() {
+        let cases = [
+            (0, Err(InvalidRateLimit)),
+            (1, Ok(1)),
+            (250, Ok(250)),
+            (10_000, Ok(10_000)),
+            (10_001, Err(InvalidRateLimit)),
+            (u64::from(u32::MAX) + 1, Err(InvalidRateLimit)),
+            (u64::MAX, Err(InvalidRateLimit)),
+        ];
+        for (n, want) in cases {
+            assert_eq!(parse_rate_limit(n), want, "{n}");
+        }
+        assert!(InvalidRateLimit.to_string().starts_with("rate_limit "));
+    }
+
+    #[test]
+    fn the_strictest_explicit_rate_limit_at_a_host_wins() {
+        let cases: [(&[Option<u32>], Option<u32>); 5] = [
+            (&[], None),
+            (&[None, None], None),
+            (&[None, Some(50)], Some(50)),
+            (&[Some(50), Some(5), None, Some(500)], Some(5)),
+            (&[Some(7)], Some(7)),
+        ];
+        for (limits, want) in cases {
+            assert_eq!(host_rate_limit(limits.iter().copied()), want, "{limits:?}");
+        }
     }
 
     #[test]

@@ -45,8 +45,8 @@ macro_rules! subscription_cols {
         "s.sub_id AS s_sub_id, s.customer_id AS s_customer_id, s.url AS s_url, \
          s.event_types::text AS s_event_types, s.secret AS s_secret, s.previous_secret AS s_previous_secret, \
          s.previous_secret_expires_at AS s_previous_secret_expires_at, s.ordered AS s_ordered, \
-         s.retry_policy::text AS s_retry_policy, s.state AS s_state, s.description AS s_description, \
-         s.created_at AS s_created_at, s.updated_at AS s_updated_at"
+         s.retry_policy::text AS s_retry_policy, s.state AS s_state, s.rate_limit AS s_rate_limit, \
+         s.description AS s_description, s.created_at AS s_created_at, s.updated_at AS s_updated_at"
     };
 }
 
@@ -72,6 +72,13 @@ fn customer(row: &PgRow, col: &str) -> Result<Option<CustomerId>> {
 fn status(row: &PgRow, col: &str) -> Result<Option<u16>> {
     get::<Option<i32>>(row, col)?
         .map(|s| u16::try_from(s).map_err(|e| corrupt(col, e)))
+        .transpose()
+}
+
+/// A stored `rate_limit` (attempts per second; NULL for adaptive).
+pub(crate) fn rate_limit(stored: Option<i32>) -> Result<Option<u32>> {
+    stored
+        .map(|n| u32::try_from(n).map_err(|e| corrupt("rate_limit", e)))
         .transpose()
 }
 
@@ -113,6 +120,7 @@ pub(crate) fn subscription(row: &PgRow) -> Result<Subscription> {
         // A deleted row never reaches here: every read filters it out.
         state: SubscriptionState::parse(&state)
             .ok_or_else(|| corrupt("subscription state", &state))?,
+        rate_limit: rate_limit(get(row, "s_rate_limit")?)?,
         description: get(row, "s_description")?,
         created_at: get(row, "s_created_at")?,
         updated_at: get(row, "s_updated_at")?,

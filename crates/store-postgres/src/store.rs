@@ -221,8 +221,9 @@ impl Store for PgStore {
             let (prev, prev_until) = new.keys.previous.as_ref().map(|(s, t)| (s.expose(), *t)).unzip();
             let row = sqlx::query(concat!(
                 "INSERT INTO subscriptions AS s (sub_id, customer_id, url, host, event_types, secret, \
-                 previous_secret, previous_secret_expires_at, ordered, retry_policy, state, description) \
-                 VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10::jsonb, 'active', $11) RETURNING ",
+                 previous_secret, previous_secret_expires_at, ordered, retry_policy, state, description, \
+                 rate_limit) \
+                 VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10::jsonb, 'active', $11, $12) RETURNING ",
                 subscription_cols!()
             ))
             .bind(new.id.as_uuid())
@@ -236,6 +237,7 @@ impl Store for PgStore {
             .bind(new.ordered)
             .bind(json(&new.retry_policy)?)
             .bind(new.description.as_deref())
+            .bind(new.rate_limit.map(|n| to_i32("rate_limit", n)).transpose()?)
             .fetch_one(&mut *tx)
             .await
             .map_err(map)?;
@@ -310,7 +312,8 @@ impl Store for PgStore {
             let (prev, prev_until) =
                 keys.and_then(|k| k.previous.as_ref()).map(|(s, t)| (s.expose(), *t)).unzip();
             // NULL means "leave as is"; the nullable columns (previous secret,
-            // description) take a separate "set it" flag so they can be cleared.
+            // description, rate limit) take a separate "set it" flag so they
+            // can be cleared.
             let row = sqlx::query(concat!(
                 "UPDATE subscriptions AS s SET \
                  url = COALESCE($2::text, s.url), \
@@ -324,6 +327,7 @@ impl Store for PgStore {
                  retry_policy = COALESCE($9::jsonb, s.retry_policy), \
                  state = COALESCE($10::text, s.state), \
                  description = CASE WHEN $11::boolean THEN $12::text ELSE s.description END, \
+                 rate_limit = CASE WHEN $13::boolean THEN $14::integer ELSE s.rate_limit END, \
                  updated_at = now() \
                  WHERE s.sub_id = $1 AND s.state <> 'deleted' RETURNING ",
                 subscription_cols!()
@@ -340,6 +344,14 @@ impl Store for PgStore {
             .bind(patch.state.map(|s| s.as_str()))
             .bind(patch.description.is_some())
             .bind(patch.description.flatten())
+            .bind(patch.rate_limit.is_some())
+            .bind(
+                patch
+                    .rate_limit
+                    .flatten()
+                    .map(|n| to_i32("rate_limit", n))
+                    .transpose()?,
+            )
             .fetch_optional(&mut *tx)
             .await
             .map_err(map)?;
@@ -481,20 +493,23 @@ impl Store for PgStore {
             // return every group of those hosts, host by host. The limit is
             // on hosts, so it sits on the `hosts` CTE, never on the rows.
             // Work blocked behind an ordered head is left out: the
-            // dispatcher would claim nothing for it.
+            // dispatcher would claim nothing for it. Each group carries its
+            // subscription's `rate_limit`: one value per subscription, so
+            // grouping by it too splits nothing.
             let rows = sqlx::query(concat!(
                 "WITH subs AS ( \
                      SELECT d.destination_host AS host, d.sub_id, \
-                            min(d.next_attempt_at) AS oldest, max(d.next_attempt_at) AS newest \
+                            min(d.next_attempt_at) AS oldest, max(d.next_attempt_at) AS newest, \
+                            s.rate_limit \
                      FROM deliveries d JOIN subscriptions s ON s.sub_id = d.sub_id \
                      WHERE ",
                 claimable!(),
-                " GROUP BY d.destination_host, d.sub_id \
+                " GROUP BY d.destination_host, d.sub_id, s.rate_limit \
                  ), hosts AS ( \
                      SELECT host, min(oldest) AS oldest FROM subs \
                      GROUP BY host ORDER BY min(oldest), host LIMIT $1 \
                  ) \
-                 SELECT subs.host, subs.sub_id, subs.oldest, subs.newest \
+                 SELECT subs.host, subs.sub_id, subs.oldest, subs.newest, subs.rate_limit \
                  FROM subs JOIN hosts ON hosts.host = subs.host \
                  ORDER BY hosts.oldest, hosts.host, subs.oldest, subs.sub_id"
             ))
@@ -509,6 +524,7 @@ impl Store for PgStore {
                     sub_id: SubscriptionId::from_uuid(row.try_get("sub_id").map_err(map)?),
                     oldest_due_at: row.try_get("oldest").map_err(map)?,
                     newest_due_at: row.try_get("newest").map_err(map)?,
+                    rate_limit: rows::rate_limit(row.try_get("rate_limit").map_err(map)?)?,
                 };
                 match due.last_mut() {
                     Some(last) if last.host == host => last.subscriptions.push(sub),

@@ -60,7 +60,8 @@ macro_rules! subscription_columns {
          s.previous_secret AS s_previous_secret, \
          s.previous_secret_expires_at AS s_previous_secret_expires_at, \
          s.ordered AS s_ordered, s.retry_policy AS s_retry_policy, s.state AS s_state, \
-         s.description AS s_description, s.created_at AS s_created_at, s.updated_at AS s_updated_at"
+         s.rate_limit AS s_rate_limit, s.description AS s_description, \
+         s.created_at AS s_created_at, s.updated_at AS s_updated_at"
     };
 }
 pub(crate) use subscription_columns;
@@ -126,6 +127,13 @@ fn secret(text: &str, column: &str) -> Result<SigningSecret> {
     SigningSecret::parse(text).map_err(|_| corrupt(column, "not a whsec_ secret"))
 }
 
+/// A stored `rate_limit` (attempts per second; NULL for adaptive).
+pub(crate) fn rate_limit(stored: Option<i64>, column: &str) -> Result<Option<u32>> {
+    stored
+        .map(|n| u32::try_from(n).map_err(|_| corrupt(column, n)))
+        .transpose()
+}
+
 /// A pattern list as stored: JSON text of pattern strings (`["invoice.*"]`),
 /// readable by people and by both backends alike.
 pub(crate) fn encode_patterns(patterns: &[EventTypePattern]) -> String {
@@ -170,6 +178,7 @@ pub(crate) fn subscription(row: &SqliteRow) -> Result<Subscription> {
         retry_policy: serde_json::from_str(&get::<String>(row, "s_retry_policy")?)
             .map_err(|e| corrupt("s_retry_policy", e))?,
         state: SubscriptionState::parse(&state).ok_or_else(|| corrupt("s_state", state))?,
+        rate_limit: rate_limit(get(row, "s_rate_limit")?, "s_rate_limit")?,
         description: get(row, "s_description")?,
         created_at: time(row, "s_created_at")?,
         updated_at: time(row, "s_updated_at")?,

@@ -56,8 +56,9 @@ pub(crate) async fn create(store: &SqliteStore, new: NewSubscription) -> Result<
     let now = now_ms();
     sqlx::query(
         "INSERT INTO subscriptions (sub_id, customer_id, url, host, event_types, secret, previous_secret, \
-         previous_secret_expires_at, ordered, retry_policy, state, description, created_at, updated_at) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, ?, ?)",
+         previous_secret_expires_at, ordered, retry_policy, state, rate_limit, description, created_at, \
+         updated_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, ?, ?, ?)",
     )
     .bind(new.id.as_uuid())
     .bind(new.customer_id.as_ref().map(|c| c.as_str()))
@@ -69,6 +70,7 @@ pub(crate) async fn create(store: &SqliteStore, new: NewSubscription) -> Result<
     .bind(previous_until)
     .bind(new.ordered)
     .bind(policy)
+    .bind(new.rate_limit.map(i64::from))
     .bind(new.description.as_deref())
     .bind(now)
     .bind(now)
@@ -144,6 +146,7 @@ pub(crate) async fn update(
         ordered,
         retry_policy,
         state,
+        rate_limit,
         description,
     } = patch;
     if let Some(url) = url {
@@ -164,6 +167,9 @@ pub(crate) async fn update(
     if let Some(state) = state {
         sub.state = state;
     }
+    if let Some(rate_limit) = rate_limit {
+        sub.rate_limit = rate_limit;
+    }
     if let Some(description) = description {
         sub.description = description;
     }
@@ -173,8 +179,8 @@ pub(crate) async fn update(
     };
     sqlx::query(
         "UPDATE subscriptions SET url = ?, host = ?, event_types = ?, secret = ?, previous_secret = ?, \
-         previous_secret_expires_at = ?, ordered = ?, retry_policy = ?, state = ?, description = ?, \
-         updated_at = ? WHERE sub_id = ?",
+         previous_secret_expires_at = ?, ordered = ?, retry_policy = ?, state = ?, rate_limit = ?, \
+         description = ?, updated_at = ? WHERE sub_id = ?",
     )
     .bind(sub.url.as_str())
     .bind(sub.url.host())
@@ -185,6 +191,7 @@ pub(crate) async fn update(
     .bind(sub.ordered)
     .bind(retry_policy_json(&sub.retry_policy)?)
     .bind(sub.state.as_str())
+    .bind(sub.rate_limit.map(i64::from))
     .bind(sub.description.as_deref())
     .bind(now)
     .bind(id.as_uuid())

@@ -43,6 +43,7 @@ fn new_sub(host: &str) -> NewSubscription {
         },
         ordered: false,
         retry_policy: RetryPolicy::default(),
+        rate_limit: None,
         description: None,
     }
 }

@@ -42,6 +42,7 @@ macro_rules! conformance_tests {
     ($make:path) => {
         $crate::conformance_tests!(@each $make;
             subscriptions_round_trip,
+            rate_limit_round_trips_through_create_get_and_update,
             deleted_subscriptions_are_not_found_and_fail_their_pending_deliveries,
             subscriptions_page_by_cursor_and_filter_by_customer,
             subscription_generation_changes_on_every_write,
@@ -62,6 +63,7 @@ macro_rules! conformance_tests {
             due_destinations_lists_hosts_with_due_work,
             due_destinations_lists_each_hosts_claimable_subscriptions_with_their_due_times,
             due_destinations_limit_counts_hosts_not_subscriptions,
+            due_destinations_reports_each_subscriptions_rate_limit,
             a_subscription_claim_takes_only_that_subscriptions_deliveries,
             newest_first_claims_take_the_newest_due_and_oldest_first_the_oldest,
             an_ordered_subscription_gives_only_its_head_in_either_order,
@@ -113,6 +115,7 @@ fn new_sub(host: &str, customer: Option<&str>) -> NewSubscription {
         },
         ordered: false,
         retry_policy: RetryPolicy::default(),
+        rate_limit: None,
         description: None,
     }
 }
@@ -350,6 +353,77 @@ pub async fn subscriptions_round_trip(store: Arc<dyn Store>) {
     );
     assert!(patched.updated_at >= created.updated_at);
     assert_eq!(store.get_subscription(&n.id).await.unwrap(), patched);
+}
+
+pub async fn rate_limit_round_trips_through_create_get_and_update(store: Arc<dyn Store>) {
+    let unset = store
+        .create_subscription(new_sub("r.example", None))
+        .await
+        .unwrap();
+    assert_eq!(unset.rate_limit, None, "unset means adaptive");
+    let mut n = new_sub("r.example", None);
+    n.rate_limit = Some(25);
+    let created = store.create_subscription(n.clone()).await.unwrap();
+    assert_eq!(created.rate_limit, Some(25));
+    assert_eq!(store.get_subscription(&n.id).await.unwrap(), created);
+    let listed = |subs: Vec<Subscription>| {
+        subs.into_iter()
+            .map(|s| (s.id, s.rate_limit))
+            .collect::<HashSet<_>>()
+    };
+    let want = HashSet::from([(unset.id, None), (n.id, Some(25))]);
+    assert_eq!(listed(store.all_subscriptions().await.unwrap()), want);
+    let q = SubscriptionQuery {
+        limit: 10,
+        ..Default::default()
+    };
+    assert_eq!(listed(store.list_subscriptions(&q).await.unwrap()), want);
+
+    let patch = |rate_limit| SubscriptionPatch {
+        rate_limit,
+        ..Default::default()
+    };
+    let changed = store
+        .update_subscription(&n.id, patch(Some(Some(10_000))))
+        .await
+        .unwrap();
+    assert_eq!(changed.rate_limit, Some(10_000));
+    assert_eq!(store.get_subscription(&n.id).await.unwrap(), changed);
+    // A patch that does not name it leaves it.
+    let other = store
+        .update_subscription(
+            &n.id,
+            SubscriptionPatch {
+                ordered: Some(true),
+                description: Some(Some("x".into())),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(other.rate_limit, Some(10_000), "unpatched fields stay");
+    assert_eq!(
+        store
+            .update_subscription(&n.id, patch(None))
+            .await
+            .unwrap()
+            .rate_limit,
+        Some(10_000)
+    );
+    let cleared = store
+        .update_subscription(&n.id, patch(Some(None)))
+        .await
+        .unwrap();
+    assert_eq!(cleared.rate_limit, None, "Some(None) clears it");
+    assert!(cleared.ordered, "clearing it changes nothing else");
+    assert_eq!(store.get_subscription(&n.id).await.unwrap(), cleared);
+    // And it can be set again, on a subscription created without one.
+    let set = store
+        .update_subscription(&unset.id, patch(Some(Some(1))))
+        .await
+        .unwrap();
+    assert_eq!(set.rate_limit, Some(1));
+    assert_eq!(store.get_subscription(&unset.id).await.unwrap(), set);
 }
 
 pub async fn deleted_subscriptions_are_not_found_and_fail_their_pending_deliveries(
@@ -1241,6 +1315,7 @@ async fn due_sub(
         sub_id: sub.id,
         oldest_due_at: due_at(store, oldest).await,
         newest_due_at: due_at(store, newest).await,
+        rate_limit: sub.rate_limit,
     }
 }
 
@@ -1398,6 +1473,63 @@ pub async fn due_destinations_limit_counts_hosts_not_subscriptions(store: Arc<dy
         );
     }
     assert_eq!(store.due_destinations(4).await.unwrap(), all);
+}
+
+pub async fn due_destinations_reports_each_subscriptions_rate_limit(store: Arc<dyn Store>) {
+    let create = |host: &'static str, rate_limit: Option<u32>| {
+        let store = store.clone();
+        async move {
+            let mut n = new_sub(host, None);
+            n.rate_limit = rate_limit;
+            store.create_subscription(n).await.unwrap()
+        }
+    };
+    let strict = create("shared.example", Some(5)).await;
+    let loose = create("shared.example", Some(50)).await;
+    let adaptive = create("shared.example", None).await;
+    let elsewhere = create("other.example", Some(700)).await;
+    ingest(&store, &[&strict, &loose, &adaptive, &elsewhere]).await;
+
+    let limits = |listed: Vec<DueDestination>| {
+        listed
+            .into_iter()
+            .flat_map(|d| {
+                let host = d.host;
+                d.subscriptions
+                    .into_iter()
+                    .map(move |s| (host.clone(), s.sub_id, s.rate_limit))
+            })
+            .collect::<HashSet<_>>()
+    };
+    let shared = |id: SubscriptionId, limit| ("shared.example".to_owned(), id, limit);
+    assert_eq!(
+        limits(store.due_destinations(10).await.unwrap()),
+        HashSet::from([
+            shared(strict.id, Some(5)),
+            shared(loose.id, Some(50)),
+            shared(adaptive.id, None),
+            ("other.example".to_owned(), elsewhere.id, Some(700)),
+        ]),
+        "each subscription with its own limit, none merged into the host's"
+    );
+
+    // The listing reports each limit as it is now.
+    for (sub, limit) in [(&strict, None), (&adaptive, Some(2))] {
+        store
+            .update_subscription(
+                &sub.id,
+                SubscriptionPatch {
+                    rate_limit: Some(limit),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+    }
+    let now = limits(store.due_destinations(10).await.unwrap());
+    assert!(now.contains(&shared(strict.id, None)), "{now:?}");
+    assert!(now.contains(&shared(loose.id, Some(50))), "{now:?}");
+    assert!(now.contains(&shared(adaptive.id, Some(2))), "{now:?}");
 }
 
 pub async fn a_subscription_claim_takes_only_that_subscriptions_deliveries(store: Arc<dyn Store>) {

@@ -116,7 +116,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// The per-subscription split is what lets the dispatcher give each
     /// subscription with due work a fair share of its host's cap (R2), and
     /// the oldest/newest times tell it whether a backlog exists beside new
-    /// work (R4).
+    /// work (R4). Each listed subscription carries its current explicit
+    /// `rate_limit`, from which the dispatcher sets the host's rate (the
+    /// smallest set there; adaptive when none is) without another read.
     async fn due_destinations(&self, limit: u32) -> Result<Vec<DueDestination>>;
 
     /// Claims up to `req.limit` due deliveries of one destination — of one

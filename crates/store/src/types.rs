@@ -30,6 +30,11 @@ pub struct NewSubscription {
     pub ordered: bool,
     /// Its retry settings.
     pub retry_policy: RetryPolicy,
+    /// An explicit rate for its destination host, in attempts per second;
+    /// `None` leaves the host's rate adaptive (see
+    /// [`Subscription::rate_limit`]). The store keeps what it is given; the
+    /// bounds are checked where the value enters (the API).
+    pub rate_limit: Option<u32>,
     /// A free-form description.
     pub description: Option<String>,
 }
@@ -49,6 +54,9 @@ pub struct SubscriptionPatch {
     pub retry_policy: Option<RetryPolicy>,
     /// Enable or disable.
     pub state: Option<SubscriptionState>,
+    /// A new explicit rate limit; `Some(None)` clears it (the host's rate
+    /// becomes adaptive again, unless another subscription there sets one).
+    pub rate_limit: Option<Option<u32>>,
     /// A new description; `Some(None)` clears it.
     pub description: Option<Option<String>>,
 }
@@ -212,6 +220,11 @@ pub struct DueSubscription {
     pub oldest_due_at: Timestamp,
     /// `next_attempt_at` of its newest claimable delivery.
     pub newest_due_at: Timestamp,
+    /// The subscription's explicit [rate limit](Subscription::rate_limit),
+    /// as it is now, so the dispatcher learns it without another read. The
+    /// host's rate is the smallest of those set among its subscriptions;
+    /// `None` from all of them means adaptive.
+    pub rate_limit: Option<u32>,
 }
 
 /// Which due deliveries a claim takes first.
