@@ -107,8 +107,11 @@ pub(crate) async fn create(
     let accepted = state.store().accept_event(event, deliveries).await?;
     fail::fail_point!("ingest.after_commit");
     if accepted.duplicate {
+        metrics::counter!("hookd_events_duplicate_total").increment(1);
         tracing::debug!(event_id = %accepted.event_id, "repeated idempotency key; event already accepted");
     } else {
+        metrics::counter!("hookd_events_accepted_total").increment(1);
+        metrics::counter!("hookd_deliveries_created_total").increment(fanout as u64);
         tracing::debug!(event_id = %accepted.event_id, deliveries = fanout, "event accepted");
         if fanout > 0 {
             state.wake().notify_one();

@@ -32,6 +32,7 @@ mod error;
 mod events;
 mod extract;
 mod fanout;
+pub mod metrics;
 mod subscriptions;
 
 use std::sync::Arc;
@@ -94,6 +95,8 @@ struct Inner {
     /// Notified after each accepted event so the dispatcher wakes at once
     /// instead of at its next poll.
     wake: Arc<Notify>,
+    /// Renders `/metrics`, once the binary has installed a recorder.
+    metrics: metrics::MetricsSlot,
 }
 
 impl AppState {
@@ -107,6 +110,7 @@ impl AppState {
                 fanout: fanout::FanoutCache::default(),
                 tokens: auth::TokenCache::default(),
                 wake,
+                metrics: metrics::MetricsSlot::default(),
             }),
         }
     }
@@ -119,6 +123,16 @@ impl AppState {
     /// The config.
     pub fn config(&self) -> &ApiConfig {
         &self.inner.config
+    }
+
+    /// Serves `GET /metrics` with `render` (admin only). Without it the
+    /// route answers 404. Only the first call has an effect.
+    pub fn set_metrics(&self, render: metrics::RenderMetrics) {
+        self.inner.metrics.set(render);
+    }
+
+    fn metrics(&self) -> Option<metrics::RenderMetrics> {
+        self.inner.metrics.get()
     }
 
     /// The dispatcher's wake-up signal.
@@ -140,6 +154,7 @@ impl AppState {
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics::metrics))
         .route(
             "/subscriptions",
             get(subscriptions::list).post(subscriptions::create),

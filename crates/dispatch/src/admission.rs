@@ -37,6 +37,9 @@ struct HostState {
     subscriptions: HashMap<SubscriptionId, InFlight>,
     /// Rotates which subscription gets remainder slots first.
     turn: usize,
+    /// The explicit rate last applied: the smallest `rate_limit` among the
+    /// host's subscriptions with due work (`None`: adaptive).
+    rate_limit: Option<u32>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -99,6 +102,18 @@ impl Admission {
         let now = self.clock.now();
         let mut hosts = self.hosts.lock().unwrap();
         let h = self.host_state(&mut hosts, &due.host, now);
+        // A subscription's explicit rate_limit replaces the adaptive rate;
+        // several at one host: the strictest statement about that server wins.
+        let limit = hookd_domain::subscription::host_rate_limit(
+            due.subscriptions.iter().map(|s| s.rate_limit),
+        );
+        if limit != h.rate_limit {
+            h.rate_limit = limit;
+            // Clearing it goes back to the configured rate (adaptive unless
+            // the operator fixed one).
+            h.destination
+                .set_rate_override(now, limit.map(f64::from).or(self.config.rate_override));
+        }
         let admit = h.destination.available(now);
         let slots = admit.slots.min(free);
         if slots == 0 || due.subscriptions.is_empty() {
@@ -231,6 +246,7 @@ impl Admission {
                 destination: DestinationAdmission::new(self.config.clone(), now),
                 subscriptions: HashMap::new(),
                 turn: 0,
+                rate_limit: None,
             };
             hosts.insert(Arc::from(host), state);
         }
@@ -310,6 +326,7 @@ mod tests {
                     sub_id,
                     oldest_due_at: now - chrono::Duration::seconds(oldest_age),
                     newest_due_at: now - chrono::Duration::seconds(newest_age),
+                    rate_limit: None,
                 })
                 .collect(),
         }
@@ -439,6 +456,26 @@ mod tests {
         assert!(a.start("x", s, ClaimOrder::OldestFirst).is_none());
         drop(probe); // cancelled: the probe slot comes back
         assert_eq!(total(&a.plan(&due("x", &[(s, 0, 0)], clock.now()), 100)), 1);
+    }
+
+    #[test]
+    fn a_subscription_rate_limit_sets_its_hosts_rate_and_the_strictest_wins() {
+        let (a, clock) = setup(20);
+        let (s1, s2) = (SubscriptionId::new(), SubscriptionId::new());
+        let mut d = due("x", &[(s1, 0, 0), (s2, 0, 0)], clock.now());
+        d.subscriptions[0].rate_limit = Some(5);
+        d.subscriptions[1].rate_limit = Some(3);
+        let plan = a.plan(&d, 100);
+        assert!(
+            total(&plan) <= 3,
+            "a bucket of 3/s admits at most 3 now: {plan:?}"
+        );
+        assert_eq!(a.snapshot("x").unwrap().rate_per_sec, 3.0);
+        // Cleared: back to the configured rate.
+        d.subscriptions[0].rate_limit = None;
+        d.subscriptions[1].rate_limit = None;
+        a.plan(&d, 100);
+        assert_eq!(a.snapshot("x").unwrap().rate_per_sec, 1_000.0);
     }
 
     #[test]

@@ -240,6 +240,7 @@ impl Dispatcher {
                     lease: inner.config.lease,
                 };
                 let claimed = inner.store.claim_due(&req).await?;
+                metrics::histogram!("hookd_claim_batch_size").record(claimed.len() as f64);
                 let mut refused = Vec::new();
                 for c in claimed {
                     // Admission may have changed since the plan (an attempt
@@ -291,7 +292,12 @@ async fn attempt(
     tokio::select! {
         outcome = run_attempt(&inner, &claimed) => {
             let host = permit.host().to_owned();
-            if permit.finish(outcome) == Some(CircuitTransition::Opened) {
+            let transition = permit.finish(outcome);
+            if let Some(t) = transition {
+                let to = match t { CircuitTransition::Opened => "open", CircuitTransition::Closed => "closed" };
+                metrics::counter!("hookd_circuit_transitions_total", "to" => to).increment(1);
+            }
+            if transition == Some(CircuitTransition::Opened) {
                 tracing::warn!(
                     destination = %host,
                     "circuit opened: attempts to this destination pause until a probe succeeds"
@@ -324,6 +330,7 @@ async fn run_attempt(inner: &Inner, claimed: &ClaimedDelivery) -> AttemptOutcome
         now,
         rand::random::<f64>(),
     );
+    record_attempt_metrics(&decision);
     let outcome = AttemptOutcome {
         kind: OutcomeKind::from_verdict(decision.verdict),
         latency,
@@ -366,6 +373,29 @@ async fn run_attempt(inner: &Inner, claimed: &ClaimedDelivery) -> AttemptOutcome
         }
     }
     outcome
+}
+
+/// Counts the attempt by its result and error class, and times it.
+fn record_attempt_metrics(decision: &crate::record::Decision) {
+    let result = match decision.record.next {
+        hookd_store::NextState::Delivered => "delivered",
+        hookd_store::NextState::Retry { .. } => "retry",
+        hookd_store::NextState::Failed => "failed",
+        hookd_store::NextState::Dead => "dead",
+    };
+    let attempt = &decision.record.attempt;
+    let class = match (attempt.status, attempt.error_class) {
+        (Some(s), _) => match s {
+            200..=299 => "2xx",
+            300..=399 => "3xx",
+            400..=499 => "4xx",
+            _ => "5xx",
+        },
+        (None, Some(c)) => c.as_str(),
+        (None, None) => "other",
+    };
+    metrics::counter!("hookd_attempts_total", "result" => result, "class" => class).increment(1);
+    metrics::histogram!("hookd_attempt_duration_seconds").record(attempt.duration.as_secs_f64());
 }
 
 /// Renews the lease every `renew_every` for as long as it is polled.

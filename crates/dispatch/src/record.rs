@@ -150,6 +150,7 @@ mod tests {
                 },
                 ordered: false,
                 retry_policy: policy,
+                rate_limit: None,
                 state: SubscriptionState::Active,
                 description: None,
                 created_at: now,

@@ -2,13 +2,15 @@
 //! the API and the dispatcher, run both, and stop both together.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use anyhow::Context as _;
 use hookd_dispatch::{DispatchConfig, Dispatcher};
 use hookd_domain::SystemClock;
 use hookd_domain::destination::DestinationPolicy;
+use hookd_domain::isolation::CircuitState;
 use hookd_store::{NewToken, Store};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
@@ -58,6 +60,60 @@ pub async fn open_store(url: &str) -> anyhow::Result<Arc<dyn Store>> {
     } else {
         anyhow::bail!("unsupported database URL `{url}`: use `sqlite:PATH` or `postgres://…`")
     }
+}
+
+/// The process's Prometheus recorder, installed on first use. Installing is
+/// global, so several apps in one process (tests) share it; `None` if some
+/// other recorder was installed first.
+fn prometheus() -> Option<PrometheusHandle> {
+    static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let seconds = [
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            ];
+            let batch = [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0];
+            PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &seconds)
+                .and_then(|b| {
+                    b.set_buckets_for_metric(Matcher::Full("hookd_claim_batch_size".into()), &batch)
+                })
+                .ok()?
+                .install_recorder()
+                .ok()
+        })
+        .clone()
+}
+
+/// What `/metrics` renders: the recorder's counters and histograms, plus
+/// each destination's isolation state read at scrape time (so it is never
+/// stale and costs nothing between scrapes).
+fn render_metrics(
+    handle: PrometheusHandle,
+    dispatcher: &Dispatcher,
+) -> hookd_api::metrics::RenderMetrics {
+    let admission = dispatcher.admission().clone();
+    Arc::new(move || {
+        for (host, s) in admission.snapshots() {
+            let state = match s.circuit_state {
+                CircuitState::Closed => 0.0,
+                CircuitState::HalfOpen => 1.0,
+                CircuitState::Open => 2.0,
+            };
+            let gauge = |name: &'static str, value: f64| {
+                metrics::gauge!(name, "destination" => host.clone()).set(value);
+            };
+            gauge("hookd_destination_circuit_state", state);
+            gauge("hookd_destination_in_flight", f64::from(s.in_flight));
+            gauge(
+                "hookd_destination_concurrency_limit",
+                f64::from(s.concurrency_limit),
+            );
+            gauge("hookd_destination_rate_per_second", s.rate_per_sec);
+            gauge("hookd_destination_ramp_level", s.ramp_level);
+        }
+        handle.render()
+    })
 }
 
 fn sha256(token: &str) -> [u8; 32] {
@@ -115,11 +171,13 @@ impl App {
         let mut api_config = hookd_api::ApiConfig::new(policy);
         api_config.admin_token_hash = admin_token_hash;
         let state = hookd_api::AppState::new(store.clone(), api_config, wake.clone());
-        let router = hookd_api::router(state);
-
         let dispatcher =
             Dispatcher::new(store.clone(), config.dispatch, Arc::new(SystemClock), wake)
                 .context("building the dispatcher")?;
+        if let Some(handle) = prometheus() {
+            state.set_metrics(render_metrics(handle, &dispatcher));
+        }
+        let router = hookd_api::router(state);
         let local_addr = listener
             .local_addr()
             .context("reading the listen address")?;

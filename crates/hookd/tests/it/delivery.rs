@@ -88,6 +88,21 @@ async fn an_event_reaches_its_subscriber_signed_and_enveloped(backend: Backend) 
     .await;
     assert_eq!(delivered["deliveries"].as_array().unwrap().len(), 1);
     assert_eq!(delivered["deliveries"][0]["attempts"][0]["status"], 200);
+
+    // The attempt and the destination's isolation state show in /metrics,
+    // which only the admin may read.
+    let text = app.get("/metrics").await.text().await.unwrap();
+    assert!(text.contains("hookd_events_accepted_total"), "{text}");
+    assert!(
+        text.contains(r#"hookd_attempts_total{result="delivered",class="2xx"}"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"hookd_destination_circuit_state{destination="127.0.0.2"} 0"#),
+        "{text}"
+    );
+    let anonymous = app.client.get(app.url("/metrics")).send().await.unwrap();
+    assert_eq!(anonymous.status(), 401);
     app.stop().await;
 }
 
