@@ -11,8 +11,8 @@ use hookd_domain::destination::DestinationUrl;
 use hookd_domain::event_type::EventTypePattern;
 use hookd_domain::signing::SigningSecret;
 use hookd_domain::subscription::{
-    InvalidRateLimit, MAX_EVENT_TYPES, RetryPolicy, SigningKeys, Subscription, SubscriptionState,
-    parse_rate_limit,
+    InvalidMaxConcurrency, InvalidRateLimit, MAX_EVENT_TYPES, RetryPolicy, SigningKeys,
+    Subscription, SubscriptionState, parse_max_concurrency, parse_rate_limit,
 };
 use hookd_domain::{CustomerId, SubscriptionId, Timestamp};
 use hookd_store::{NewSubscription, SubscriptionPatch, SubscriptionQuery};
@@ -41,6 +41,9 @@ pub(crate) struct SubscriptionView {
     retry_policy: RetryPolicy,
     /// Attempts per second at the destination host; `null` is adaptive.
     rate_limit: Option<u32>,
+    /// Attempts in flight at once to the destination host; `null` is the
+    /// server-wide cap.
+    max_concurrency: Option<u32>,
     state: SubscriptionState,
     description: Option<String>,
     created_at: Timestamp,
@@ -57,6 +60,7 @@ impl From<Subscription> for SubscriptionView {
             ordered: s.ordered,
             retry_policy: s.retry_policy,
             rate_limit: s.rate_limit,
+            max_concurrency: s.max_concurrency,
             state: s.state,
             description: s.description,
             created_at: s.created_at,
@@ -91,6 +95,10 @@ pub(crate) struct CreateSubscription {
     /// of bounds; a string or other non-number is still a 400.
     #[serde(default)]
     rate_limit: Option<serde_json::Number>,
+    /// Any JSON number, for the same reason: out of bounds is 422 from
+    /// [`check_max_concurrency`], a non-number 400.
+    #[serde(default)]
+    max_concurrency: Option<serde_json::Number>,
     #[serde(default)]
     description: Option<String>,
 }
@@ -111,6 +119,9 @@ pub(crate) struct PatchSubscription {
     /// Absent leaves it; `null` clears it (adaptive again).
     #[serde(default, deserialize_with = "present")]
     rate_limit: Option<Option<serde_json::Number>>,
+    /// Absent leaves it; `null` clears it (the server-wide cap again).
+    #[serde(default, deserialize_with = "present")]
+    max_concurrency: Option<Option<serde_json::Number>>,
     /// Absent leaves it; `null` clears it.
     #[serde(default, deserialize_with = "present")]
     description: Option<Option<String>>,
@@ -173,6 +184,16 @@ fn check_rate_limit(n: serde_json::Number) -> Result<u32, ApiError> {
         .ok_or(InvalidRateLimit)
         .and_then(parse_rate_limit)
         .map_err(|e| ApiError::invalid("rate_limit", e))
+}
+
+/// An explicit concurrency cap: a whole number of attempts in flight within
+/// the domain's bounds. A fraction, a negative or a too-large number is a
+/// value out of bounds (422), not a malformed body.
+fn check_max_concurrency(n: serde_json::Number) -> Result<u32, ApiError> {
+    n.as_u64()
+        .ok_or(InvalidMaxConcurrency)
+        .and_then(parse_max_concurrency)
+        .map_err(|e| ApiError::invalid("max_concurrency", e))
 }
 
 fn check_description(d: String) -> Result<String, ApiError> {
@@ -243,6 +264,7 @@ pub(crate) async fn create(
     };
     let retry_policy = check_retry_policy(req.retry_policy.unwrap_or_default())?;
     let rate_limit = req.rate_limit.map(check_rate_limit).transpose()?;
+    let max_concurrency = req.max_concurrency.map(check_max_concurrency).transpose()?;
     let description = req.description.map(check_description).transpose()?;
     let exposed = secret.expose();
     let created = state
@@ -259,6 +281,7 @@ pub(crate) async fn create(
             ordered: req.ordered.unwrap_or(false),
             retry_policy,
             rate_limit,
+            max_concurrency,
             description,
         })
         .await?;
@@ -354,6 +377,10 @@ pub(crate) async fn update(
             .rate_limit
             .map(|r| r.map(check_rate_limit).transpose())
             .transpose()?,
+        max_concurrency: req
+            .max_concurrency
+            .map(|c| c.map(check_max_concurrency).transpose())
+            .transpose()?,
         description: req
             .description
             .map(|d| d.map(check_description).transpose())
@@ -366,6 +393,7 @@ pub(crate) async fn update(
         && patch.retry_policy.is_none()
         && patch.state.is_none()
         && patch.rate_limit.is_none()
+        && patch.max_concurrency.is_none()
         && patch.description.is_none();
     if unchanged {
         return Ok(Json(current.into()));

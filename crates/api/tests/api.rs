@@ -234,6 +234,11 @@ async fn a_subscription_is_created_read_listed_changed_and_deleted() {
     assert_eq!(created["state"], "active");
     assert_eq!(created["description"], "billing");
     assert_eq!(created["rate_limit"], Value::Null, "unset: adaptive");
+    assert_eq!(
+        created["max_concurrency"],
+        Value::Null,
+        "unset: the server-wide cap"
+    );
     assert!(created["created_at"].is_string() && created["updated_at"].is_string());
 
     // The secret is shown at creation only.
@@ -348,6 +353,57 @@ async fn an_explicit_rate_limit_is_set_changed_and_cleared() {
 
     let (_, set) = app.patch(&path, ADMIN, json!({"rate_limit": 1})).await;
     assert_eq!(set["rate_limit"], 1, "the smallest allowed");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn an_explicit_max_concurrency_is_set_changed_and_cleared() {
+    let app = spawn_app().await;
+    let (status, created) = app
+        .post(
+            "/subscriptions",
+            ADMIN,
+            json!({"url": "https://hooks.example.com/in", "event_types": ["*"], "max_concurrency": 4}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    assert_eq!(created["max_concurrency"], 4);
+    assert_eq!(created["rate_limit"], Value::Null, "a separate field");
+    let path = format!("/subscriptions/{}", created["sub_id"].as_str().unwrap());
+    assert_eq!(app.get(&path, ADMIN).await.1["max_concurrency"], 4);
+    assert_eq!(
+        app.get("/subscriptions", ADMIN).await.1["data"][0]["max_concurrency"],
+        4
+    );
+
+    let (status, changed) = app
+        .patch(&path, ADMIN, json!({"max_concurrency": 1_000}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{changed}");
+    assert_eq!(changed["max_concurrency"], 1_000);
+    let (_, other) = app
+        .patch(&path, ADMIN, json!({"description": "x", "rate_limit": 7}))
+        .await;
+    assert_eq!(
+        other["max_concurrency"], 1_000,
+        "a patch without it leaves it"
+    );
+    assert_eq!(other["rate_limit"], 7);
+
+    let (status, cleared) = app
+        .patch(&path, ADMIN, json!({"max_concurrency": null}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{cleared}");
+    assert_eq!(cleared["max_concurrency"], Value::Null, "null clears it");
+    assert_eq!(cleared["rate_limit"], 7, "and only it");
+    assert_eq!(cleared["description"], "x");
+    assert_eq!(
+        app.get(&path, ADMIN).await.1["max_concurrency"],
+        Value::Null
+    );
+
+    let (_, set) = app.patch(&path, ADMIN, json!({"max_concurrency": 1})).await;
+    assert_eq!(set["max_concurrency"], 1, "the smallest allowed");
     app.stop().await;
 }
 
@@ -828,6 +884,14 @@ async fn malformed_requests_are_400_naming_the_field() {
             json!({"url": "https://x.example.com/", "event_types": ["*"], "rate_limit": [10]}),
             "rate_limit",
         ),
+        (
+            json!({"url": "https://x.example.com/", "event_types": ["*"], "max_concurrency": "10"}),
+            "max_concurrency",
+        ),
+        (
+            json!({"url": "https://x.example.com/", "event_types": ["*"], "max_concurrency": {"n": 10}}),
+            "max_concurrency",
+        ),
     ];
     for (body, field) in cases {
         let got = app.post("/subscriptions", ADMIN, body.clone()).await;
@@ -872,6 +936,17 @@ async fn malformed_requests_are_400_naming_the_field() {
         StatusCode::BAD_REQUEST,
         "bad_request",
         &["rate_limit"],
+    );
+    assert_error(
+        &app.patch(
+            &format!("/subscriptions/{sub}"),
+            ADMIN,
+            json!({"max_concurrency": "3"}),
+        )
+        .await,
+        StatusCode::BAD_REQUEST,
+        "bad_request",
+        &["max_concurrency"],
     );
 
     // Not JSON at all, trailing garbage, an empty body.
@@ -1038,6 +1113,14 @@ async fn well_formed_but_invalid_values_are_422_naming_the_field() {
         (sub(json!({"rate_limit": -5})), "rate_limit"),
         (sub(json!({"rate_limit": 2.5})), "rate_limit"),
         (sub(json!({"rate_limit": 5_000_000_000u64})), "rate_limit"),
+        (sub(json!({"max_concurrency": 0})), "max_concurrency"),
+        (sub(json!({"max_concurrency": 1_001})), "max_concurrency"),
+        (sub(json!({"max_concurrency": -5})), "max_concurrency"),
+        (sub(json!({"max_concurrency": 2.5})), "max_concurrency"),
+        (
+            sub(json!({"max_concurrency": 5_000_000_000u64})),
+            "max_concurrency",
+        ),
     ];
     for (body, field) in cases {
         let got = app.post("/subscriptions", ADMIN, body.clone()).await;
@@ -1079,6 +1162,20 @@ async fn well_formed_but_invalid_values_are_422_naming_the_field() {
     }
     assert_eq!(
         app.get(&path, ADMIN).await.1["rate_limit"],
+        Value::Null,
+        "a refused patch changes nothing"
+    );
+    for bad in [json!(0), json!(1_001), json!(-1), json!(0.5)] {
+        assert_error(
+            &app.patch(&path, ADMIN, json!({"max_concurrency": bad}))
+                .await,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "validation_failed",
+            &["max_concurrency", "1", "1000"],
+        );
+    }
+    assert_eq!(
+        app.get(&path, ADMIN).await.1["max_concurrency"],
         Value::Null,
         "a refused patch changes nothing"
     );

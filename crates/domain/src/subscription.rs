@@ -44,6 +44,39 @@ pub fn host_rate_limit(limits: impl IntoIterator<Item = Option<u32>>) -> Option<
     limits.into_iter().flatten().min()
 }
 
+/// The smallest explicit [`Subscription::max_concurrency`], in attempts in
+/// flight at once.
+pub const MIN_MAX_CONCURRENCY: u32 = 1;
+/// The largest explicit [`Subscription::max_concurrency`], in attempts in
+/// flight at once. Far above what one destination should take from us; a
+/// typo like `1e6` is refused rather than read as "unlimited".
+pub const MAX_MAX_CONCURRENCY: u32 = 1_000;
+
+/// Why a `max_concurrency` was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("max_concurrency must be an integer from {MIN_MAX_CONCURRENCY} to {MAX_MAX_CONCURRENCY}")]
+pub struct InvalidMaxConcurrency;
+
+/// Checks an explicit `max_concurrency` (attempts in flight at once) against
+/// its bounds, [`MIN_MAX_CONCURRENCY`] to [`MAX_MAX_CONCURRENCY`]. Takes a
+/// `u64` so that a caller holding a wider number (a JSON integer) need not
+/// truncate it first.
+pub fn parse_max_concurrency(n: u64) -> Result<u32, InvalidMaxConcurrency> {
+    u32::try_from(n)
+        .ok()
+        .filter(|n| (MIN_MAX_CONCURRENCY..=MAX_MAX_CONCURRENCY).contains(n))
+        .ok_or(InvalidMaxConcurrency)
+}
+
+/// The concurrency cap a destination host gets from the explicit caps of the
+/// subscriptions there: the smallest of those set, or `None` (the server-wide
+/// `--host-concurrency`) when none is. Politeness: the strictest statement a
+/// customer made about that server wins, since every subscription there
+/// shares the one server.
+pub fn host_max_concurrency(limits: impl IntoIterator<Item = Option<u32>>) -> Option<u32> {
+    limits.into_iter().flatten().min()
+}
+
 /// Whether a subscription receives deliveries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -239,6 +272,14 @@ pub struct Subscription {
     /// rate is the smallest of them ([`host_rate_limit`]): the strictest
     /// customer statement about that server wins.
     pub rate_limit: Option<u32>,
+    /// An explicit cap on attempts in flight at once to its destination host
+    /// ([`MIN_MAX_CONCURRENCY`] to [`MAX_MAX_CONCURRENCY`], checked by
+    /// [`parse_max_concurrency`] where it enters). `None` (the usual case)
+    /// leaves the host at the server-wide `--host-concurrency`. When several
+    /// subscriptions at one host set it, the host's cap is the smallest of
+    /// them ([`host_max_concurrency`]): the strictest customer statement
+    /// about that server wins.
+    pub max_concurrency: Option<u32>,
     /// A free-form description.
     pub description: Option<String>,
     /// When it was created.
@@ -332,6 +373,45 @@ mod tests {
         ];
         for (limits, want) in cases {
             assert_eq!(host_rate_limit(limits.iter().copied()), want, "{limits:?}");
+        }
+    }
+
+    #[test]
+    fn max_concurrency_bounds_are_enforced() {
+        let cases = [
+            (0, Err(InvalidMaxConcurrency)),
+            (1, Ok(1)),
+            (20, Ok(20)),
+            (1_000, Ok(1_000)),
+            (1_001, Err(InvalidMaxConcurrency)),
+            (u64::from(u32::MAX) + 1, Err(InvalidMaxConcurrency)),
+            (u64::MAX, Err(InvalidMaxConcurrency)),
+        ];
+        for (n, want) in cases {
+            assert_eq!(parse_max_concurrency(n), want, "{n}");
+        }
+        assert!(
+            InvalidMaxConcurrency
+                .to_string()
+                .starts_with("max_concurrency ")
+        );
+    }
+
+    #[test]
+    fn the_strictest_explicit_max_concurrency_at_a_host_wins() {
+        let cases: [(&[Option<u32>], Option<u32>); 5] = [
+            (&[], None),
+            (&[None, None], None),
+            (&[None, Some(50)], Some(50)),
+            (&[Some(50), Some(5), None, Some(500)], Some(5)),
+            (&[Some(7)], Some(7)),
+        ];
+        for (limits, want) in cases {
+            assert_eq!(
+                host_max_concurrency(limits.iter().copied()),
+                want,
+                "{limits:?}"
+            );
         }
     }
 

@@ -46,7 +46,7 @@ macro_rules! subscription_cols {
          s.event_types::text AS s_event_types, s.secret AS s_secret, s.previous_secret AS s_previous_secret, \
          s.previous_secret_expires_at AS s_previous_secret_expires_at, s.ordered AS s_ordered, \
          s.retry_policy::text AS s_retry_policy, s.state AS s_state, s.rate_limit AS s_rate_limit, \
-         s.description AS s_description, s.created_at AS s_created_at, s.updated_at AS s_updated_at"
+         s.max_concurrency AS s_max_concurrency, s.description AS s_description, s.created_at AS s_created_at, s.updated_at AS s_updated_at"
     };
 }
 
@@ -79,6 +79,14 @@ fn status(row: &PgRow, col: &str) -> Result<Option<u16>> {
 pub(crate) fn rate_limit(stored: Option<i32>) -> Result<Option<u32>> {
     stored
         .map(|n| u32::try_from(n).map_err(|e| corrupt("rate_limit", e)))
+        .transpose()
+}
+
+/// A stored `max_concurrency` (attempts in flight at once; NULL for the
+/// server-wide cap).
+pub(crate) fn max_concurrency(stored: Option<i32>) -> Result<Option<u32>> {
+    stored
+        .map(|n| u32::try_from(n).map_err(|e| corrupt("max_concurrency", e)))
         .transpose()
 }
 
@@ -121,6 +129,7 @@ pub(crate) fn subscription(row: &PgRow) -> Result<Subscription> {
         state: SubscriptionState::parse(&state)
             .ok_or_else(|| corrupt("subscription state", &state))?,
         rate_limit: rate_limit(get(row, "s_rate_limit")?)?,
+        max_concurrency: max_concurrency(get(row, "s_max_concurrency")?)?,
         description: get(row, "s_description")?,
         created_at: get(row, "s_created_at")?,
         updated_at: get(row, "s_updated_at")?,

@@ -222,8 +222,9 @@ impl Store for PgStore {
             let row = sqlx::query(concat!(
                 "INSERT INTO subscriptions AS s (sub_id, customer_id, url, host, event_types, secret, \
                  previous_secret, previous_secret_expires_at, ordered, retry_policy, state, description, \
-                 rate_limit) \
-                 VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10::jsonb, 'active', $11, $12) RETURNING ",
+                 rate_limit, max_concurrency) \
+                 VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10::jsonb, 'active', $11, $12, $13) \
+                 RETURNING ",
                 subscription_cols!()
             ))
             .bind(new.id.as_uuid())
@@ -238,6 +239,7 @@ impl Store for PgStore {
             .bind(json(&new.retry_policy)?)
             .bind(new.description.as_deref())
             .bind(new.rate_limit.map(|n| to_i32("rate_limit", n)).transpose()?)
+            .bind(new.max_concurrency.map(|n| to_i32("max_concurrency", n)).transpose()?)
             .fetch_one(&mut *tx)
             .await
             .map_err(map)?;
@@ -312,8 +314,8 @@ impl Store for PgStore {
             let (prev, prev_until) =
                 keys.and_then(|k| k.previous.as_ref()).map(|(s, t)| (s.expose(), *t)).unzip();
             // NULL means "leave as is"; the nullable columns (previous secret,
-            // description, rate limit) take a separate "set it" flag so they
-            // can be cleared.
+            // description, rate limit, concurrency cap) take a separate "set
+            // it" flag so they can be cleared.
             let row = sqlx::query(concat!(
                 "UPDATE subscriptions AS s SET \
                  url = COALESCE($2::text, s.url), \
@@ -328,6 +330,7 @@ impl Store for PgStore {
                  state = COALESCE($10::text, s.state), \
                  description = CASE WHEN $11::boolean THEN $12::text ELSE s.description END, \
                  rate_limit = CASE WHEN $13::boolean THEN $14::integer ELSE s.rate_limit END, \
+                 max_concurrency = CASE WHEN $15::boolean THEN $16::integer ELSE s.max_concurrency END, \
                  updated_at = now() \
                  WHERE s.sub_id = $1 AND s.state <> 'deleted' RETURNING ",
                 subscription_cols!()
@@ -350,6 +353,14 @@ impl Store for PgStore {
                     .rate_limit
                     .flatten()
                     .map(|n| to_i32("rate_limit", n))
+                    .transpose()?,
+            )
+            .bind(patch.max_concurrency.is_some())
+            .bind(
+                patch
+                    .max_concurrency
+                    .flatten()
+                    .map(|n| to_i32("max_concurrency", n))
                     .transpose()?,
             )
             .fetch_optional(&mut *tx)
@@ -494,22 +505,23 @@ impl Store for PgStore {
             // on hosts, so it sits on the `hosts` CTE, never on the rows.
             // Work blocked behind an ordered head is left out: the
             // dispatcher would claim nothing for it. Each group carries its
-            // subscription's `rate_limit`: one value per subscription, so
-            // grouping by it too splits nothing.
+            // subscription's `rate_limit` and `max_concurrency`: one value
+            // each per subscription, so grouping by them too splits nothing.
             let rows = sqlx::query(concat!(
                 "WITH subs AS ( \
                      SELECT d.destination_host AS host, d.sub_id, \
                             min(d.next_attempt_at) AS oldest, max(d.next_attempt_at) AS newest, \
-                            s.rate_limit \
+                            s.rate_limit, s.max_concurrency \
                      FROM deliveries d JOIN subscriptions s ON s.sub_id = d.sub_id \
                      WHERE ",
                 claimable!(),
-                " GROUP BY d.destination_host, d.sub_id, s.rate_limit \
+                " GROUP BY d.destination_host, d.sub_id, s.rate_limit, s.max_concurrency \
                  ), hosts AS ( \
                      SELECT host, min(oldest) AS oldest FROM subs \
                      GROUP BY host ORDER BY min(oldest), host LIMIT $1 \
                  ) \
-                 SELECT subs.host, subs.sub_id, subs.oldest, subs.newest, subs.rate_limit \
+                 SELECT subs.host, subs.sub_id, subs.oldest, subs.newest, subs.rate_limit, \
+                        subs.max_concurrency \
                  FROM subs JOIN hosts ON hosts.host = subs.host \
                  ORDER BY hosts.oldest, hosts.host, subs.oldest, subs.sub_id"
             ))
@@ -525,6 +537,9 @@ impl Store for PgStore {
                     oldest_due_at: row.try_get("oldest").map_err(map)?,
                     newest_due_at: row.try_get("newest").map_err(map)?,
                     rate_limit: rows::rate_limit(row.try_get("rate_limit").map_err(map)?)?,
+                    max_concurrency: rows::max_concurrency(
+                        row.try_get("max_concurrency").map_err(map)?,
+                    )?,
                 };
                 match due.last_mut() {
                     Some(last) if last.host == host => last.subscriptions.push(sub),

@@ -60,7 +60,8 @@ macro_rules! subscription_columns {
          s.previous_secret AS s_previous_secret, \
          s.previous_secret_expires_at AS s_previous_secret_expires_at, \
          s.ordered AS s_ordered, s.retry_policy AS s_retry_policy, s.state AS s_state, \
-         s.rate_limit AS s_rate_limit, s.description AS s_description, \
+         s.rate_limit AS s_rate_limit, s.max_concurrency AS s_max_concurrency, \
+         s.description AS s_description, \
          s.created_at AS s_created_at, s.updated_at AS s_updated_at"
     };
 }
@@ -134,6 +135,14 @@ pub(crate) fn rate_limit(stored: Option<i64>, column: &str) -> Result<Option<u32
         .transpose()
 }
 
+/// A stored `max_concurrency` (attempts in flight at once; NULL for the
+/// server-wide cap).
+pub(crate) fn max_concurrency(stored: Option<i64>, column: &str) -> Result<Option<u32>> {
+    stored
+        .map(|n| u32::try_from(n).map_err(|_| corrupt(column, n)))
+        .transpose()
+}
+
 /// A pattern list as stored: JSON text of pattern strings (`["invoice.*"]`),
 /// readable by people and by both backends alike.
 pub(crate) fn encode_patterns(patterns: &[EventTypePattern]) -> String {
@@ -179,6 +188,7 @@ pub(crate) fn subscription(row: &SqliteRow) -> Result<Subscription> {
             .map_err(|e| corrupt("s_retry_policy", e))?,
         state: SubscriptionState::parse(&state).ok_or_else(|| corrupt("s_state", state))?,
         rate_limit: rate_limit(get(row, "s_rate_limit")?, "s_rate_limit")?,
+        max_concurrency: max_concurrency(get(row, "s_max_concurrency")?, "s_max_concurrency")?,
         description: get(row, "s_description")?,
         created_at: time(row, "s_created_at")?,
         updated_at: time(row, "s_updated_at")?,

@@ -56,6 +56,10 @@ macro_rules! claimable {
     };
 }
 
+/// One row of the due listing: host, subscription, its oldest and newest
+/// claimable `next_attempt_at` (ms), its `rate_limit` and `max_concurrency`.
+type DueRow = (String, Uuid, i64, i64, Option<i64>, Option<i64>);
+
 pub(crate) async fn due_destinations(
     store: &SqliteStore,
     limit: u32,
@@ -66,22 +70,24 @@ pub(crate) async fn due_destinations(
     // `hosts` CTE, never on the rows. Ties on the oldest due time (same
     // millisecond) go to the host, and subscription, whose oldest claimable
     // delivery was created first, so the order is stable. Each group carries
-    // its subscription's `rate_limit`: one value per subscription, so
-    // grouping by it too splits nothing.
-    let rows: Vec<(String, Uuid, i64, i64, Option<i64>)> = sqlx::query_as(concat!(
+    // its subscription's `rate_limit` and `max_concurrency`: one value each
+    // per subscription, so grouping by them too splits nothing.
+    let rows: Vec<DueRow> = sqlx::query_as(concat!(
         "WITH subs AS ( \
              SELECT d.destination_host AS host, d.sub_id AS sub_id, \
                     MIN(d.next_attempt_at) AS oldest, MAX(d.next_attempt_at) AS newest, \
-                    MIN(d.delivery_id) AS first_id, s.rate_limit AS rate_limit \
+                    MIN(d.delivery_id) AS first_id, s.rate_limit AS rate_limit, \
+                    s.max_concurrency AS max_concurrency \
              FROM deliveries d JOIN subscriptions s ON s.sub_id = d.sub_id \
              WHERE ",
         claimable!("?1"),
-        " GROUP BY d.destination_host, d.sub_id, s.rate_limit \
+        " GROUP BY d.destination_host, d.sub_id, s.rate_limit, s.max_concurrency \
          ), hosts AS ( \
              SELECT host, MIN(oldest) AS oldest, MIN(first_id) AS first_id FROM subs \
              GROUP BY host ORDER BY MIN(oldest), MIN(first_id) LIMIT ?2 \
          ) \
-         SELECT subs.host, subs.sub_id, subs.oldest, subs.newest, subs.rate_limit \
+         SELECT subs.host, subs.sub_id, subs.oldest, subs.newest, subs.rate_limit, \
+                subs.max_concurrency \
          FROM subs JOIN hosts ON hosts.host = subs.host \
          ORDER BY hosts.oldest, hosts.first_id, subs.oldest, subs.first_id"
     ))
@@ -91,12 +97,13 @@ pub(crate) async fn due_destinations(
     .await
     .map_err(from_sqlx)?;
     let mut due: Vec<DueDestination> = Vec::new();
-    for (host, sub_id, oldest, newest, rate_limit) in rows {
+    for (host, sub_id, oldest, newest, rate_limit, max_concurrency) in rows {
         let sub = DueSubscription {
             sub_id: SubscriptionId::from_uuid(sub_id),
             oldest_due_at: from_ms(oldest, "next_attempt_at")?,
             newest_due_at: from_ms(newest, "next_attempt_at")?,
             rate_limit: codec::rate_limit(rate_limit, "rate_limit")?,
+            max_concurrency: codec::max_concurrency(max_concurrency, "max_concurrency")?,
         };
         match due.last_mut() {
             Some(last) if last.host == host => last.subscriptions.push(sub),

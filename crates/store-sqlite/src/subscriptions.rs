@@ -56,9 +56,9 @@ pub(crate) async fn create(store: &SqliteStore, new: NewSubscription) -> Result<
     let now = now_ms();
     sqlx::query(
         "INSERT INTO subscriptions (sub_id, customer_id, url, host, event_types, secret, previous_secret, \
-         previous_secret_expires_at, ordered, retry_policy, state, rate_limit, description, created_at, \
-         updated_at) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, ?, ?, ?)",
+         previous_secret_expires_at, ordered, retry_policy, state, rate_limit, max_concurrency, \
+         description, created_at, updated_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, ?, ?, ?, ?)",
     )
     .bind(new.id.as_uuid())
     .bind(new.customer_id.as_ref().map(|c| c.as_str()))
@@ -71,6 +71,7 @@ pub(crate) async fn create(store: &SqliteStore, new: NewSubscription) -> Result<
     .bind(new.ordered)
     .bind(policy)
     .bind(new.rate_limit.map(i64::from))
+    .bind(new.max_concurrency.map(i64::from))
     .bind(new.description.as_deref())
     .bind(now)
     .bind(now)
@@ -147,6 +148,7 @@ pub(crate) async fn update(
         retry_policy,
         state,
         rate_limit,
+        max_concurrency,
         description,
     } = patch;
     if let Some(url) = url {
@@ -170,6 +172,9 @@ pub(crate) async fn update(
     if let Some(rate_limit) = rate_limit {
         sub.rate_limit = rate_limit;
     }
+    if let Some(max_concurrency) = max_concurrency {
+        sub.max_concurrency = max_concurrency;
+    }
     if let Some(description) = description {
         sub.description = description;
     }
@@ -180,7 +185,7 @@ pub(crate) async fn update(
     sqlx::query(
         "UPDATE subscriptions SET url = ?, host = ?, event_types = ?, secret = ?, previous_secret = ?, \
          previous_secret_expires_at = ?, ordered = ?, retry_policy = ?, state = ?, rate_limit = ?, \
-         description = ?, updated_at = ? WHERE sub_id = ?",
+         max_concurrency = ?, description = ?, updated_at = ? WHERE sub_id = ?",
     )
     .bind(sub.url.as_str())
     .bind(sub.url.host())
@@ -192,6 +197,7 @@ pub(crate) async fn update(
     .bind(retry_policy_json(&sub.retry_policy)?)
     .bind(sub.state.as_str())
     .bind(sub.rate_limit.map(i64::from))
+    .bind(sub.max_concurrency.map(i64::from))
     .bind(sub.description.as_deref())
     .bind(now)
     .bind(id.as_uuid())

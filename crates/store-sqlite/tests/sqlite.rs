@@ -44,6 +44,7 @@ fn new_sub(host: &str) -> NewSubscription {
         ordered: false,
         retry_policy: RetryPolicy::default(),
         rate_limit: None,
+        max_concurrency: None,
         description: None,
     }
 }

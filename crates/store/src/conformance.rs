@@ -43,6 +43,7 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@each $make;
             subscriptions_round_trip,
             rate_limit_round_trips_through_create_get_and_update,
+            max_concurrency_round_trips_through_create_get_and_update,
             deleted_subscriptions_are_not_found_and_fail_their_pending_deliveries,
             subscriptions_page_by_cursor_and_filter_by_customer,
             subscription_generation_changes_on_every_write,
@@ -64,6 +65,7 @@ macro_rules! conformance_tests {
             due_destinations_lists_each_hosts_claimable_subscriptions_with_their_due_times,
             due_destinations_limit_counts_hosts_not_subscriptions,
             due_destinations_reports_each_subscriptions_rate_limit,
+            due_destinations_reports_each_subscriptions_max_concurrency,
             a_subscription_claim_takes_only_that_subscriptions_deliveries,
             newest_first_claims_take_the_newest_due_and_oldest_first_the_oldest,
             an_ordered_subscription_gives_only_its_head_in_either_order,
@@ -116,6 +118,7 @@ fn new_sub(host: &str, customer: Option<&str>) -> NewSubscription {
         ordered: false,
         retry_policy: RetryPolicy::default(),
         rate_limit: None,
+        max_concurrency: None,
         description: None,
     }
 }
@@ -423,6 +426,87 @@ pub async fn rate_limit_round_trips_through_create_get_and_update(store: Arc<dyn
         .await
         .unwrap();
     assert_eq!(set.rate_limit, Some(1));
+    assert_eq!(store.get_subscription(&unset.id).await.unwrap(), set);
+}
+
+pub async fn max_concurrency_round_trips_through_create_get_and_update(store: Arc<dyn Store>) {
+    let unset = store
+        .create_subscription(new_sub("c.example", None))
+        .await
+        .unwrap();
+    assert_eq!(
+        unset.max_concurrency, None,
+        "unset means the server-wide cap"
+    );
+    let mut n = new_sub("c.example", None);
+    n.max_concurrency = Some(4);
+    n.rate_limit = Some(30);
+    let created = store.create_subscription(n.clone()).await.unwrap();
+    assert_eq!(created.max_concurrency, Some(4));
+    assert_eq!(created.rate_limit, Some(30), "a separate column");
+    assert_eq!(store.get_subscription(&n.id).await.unwrap(), created);
+    let listed = |subs: Vec<Subscription>| {
+        subs.into_iter()
+            .map(|s| (s.id, s.max_concurrency))
+            .collect::<HashSet<_>>()
+    };
+    let want = HashSet::from([(unset.id, None), (n.id, Some(4))]);
+    assert_eq!(listed(store.all_subscriptions().await.unwrap()), want);
+    let q = SubscriptionQuery {
+        limit: 10,
+        ..Default::default()
+    };
+    assert_eq!(listed(store.list_subscriptions(&q).await.unwrap()), want);
+
+    let patch = |max_concurrency| SubscriptionPatch {
+        max_concurrency,
+        ..Default::default()
+    };
+    let changed = store
+        .update_subscription(&n.id, patch(Some(Some(1_000))))
+        .await
+        .unwrap();
+    assert_eq!(changed.max_concurrency, Some(1_000));
+    assert_eq!(changed.rate_limit, Some(30), "the rate limit stays");
+    assert_eq!(store.get_subscription(&n.id).await.unwrap(), changed);
+    // A patch that does not name it leaves it, even one naming the rate.
+    let other = store
+        .update_subscription(
+            &n.id,
+            SubscriptionPatch {
+                ordered: Some(true),
+                rate_limit: Some(None),
+                description: Some(Some("x".into())),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(other.max_concurrency, Some(1_000), "unpatched fields stay");
+    assert_eq!(other.rate_limit, None);
+    assert_eq!(
+        store
+            .update_subscription(&n.id, patch(None))
+            .await
+            .unwrap()
+            .max_concurrency,
+        Some(1_000)
+    );
+    let cleared = store
+        .update_subscription(&n.id, patch(Some(None)))
+        .await
+        .unwrap();
+    assert_eq!(cleared.max_concurrency, None, "Some(None) clears it");
+    assert!(cleared.ordered, "clearing it changes nothing else");
+    assert_eq!(cleared.description.as_deref(), Some("x"));
+    assert_eq!(store.get_subscription(&n.id).await.unwrap(), cleared);
+    // And it can be set again, on a subscription created without one.
+    let set = store
+        .update_subscription(&unset.id, patch(Some(Some(1))))
+        .await
+        .unwrap();
+    assert_eq!(set.max_concurrency, Some(1));
+    assert_eq!(set.rate_limit, None);
     assert_eq!(store.get_subscription(&unset.id).await.unwrap(), set);
 }
 
@@ -1316,6 +1400,7 @@ async fn due_sub(
         oldest_due_at: due_at(store, oldest).await,
         newest_due_at: due_at(store, newest).await,
         rate_limit: sub.rate_limit,
+        max_concurrency: sub.max_concurrency,
     }
 }
 
@@ -1530,6 +1615,67 @@ pub async fn due_destinations_reports_each_subscriptions_rate_limit(store: Arc<d
     assert!(now.contains(&shared(strict.id, None)), "{now:?}");
     assert!(now.contains(&shared(loose.id, Some(50))), "{now:?}");
     assert!(now.contains(&shared(adaptive.id, Some(2))), "{now:?}");
+}
+
+pub async fn due_destinations_reports_each_subscriptions_max_concurrency(store: Arc<dyn Store>) {
+    let create = |host: &'static str, max_concurrency: Option<u32>, rate_limit: Option<u32>| {
+        let store = store.clone();
+        async move {
+            let mut n = new_sub(host, None);
+            n.max_concurrency = max_concurrency;
+            n.rate_limit = rate_limit;
+            store.create_subscription(n).await.unwrap()
+        }
+    };
+    let strict = create("shared.example", Some(2), Some(100)).await;
+    let loose = create("shared.example", Some(50), None).await;
+    let default = create("shared.example", None, Some(9)).await;
+    let elsewhere = create("other.example", Some(700), None).await;
+    ingest(&store, &[&strict, &loose, &default, &elsewhere]).await;
+
+    let caps = |listed: Vec<DueDestination>| {
+        listed
+            .into_iter()
+            .flat_map(|d| {
+                let host = d.host;
+                d.subscriptions
+                    .into_iter()
+                    .map(move |s| (host.clone(), s.sub_id, s.max_concurrency, s.rate_limit))
+            })
+            .collect::<HashSet<_>>()
+    };
+    let shared = |id: SubscriptionId, cap, rate| ("shared.example".to_owned(), id, cap, rate);
+    assert_eq!(
+        caps(store.due_destinations(10).await.unwrap()),
+        HashSet::from([
+            shared(strict.id, Some(2), Some(100)),
+            shared(loose.id, Some(50), None),
+            shared(default.id, None, Some(9)),
+            ("other.example".to_owned(), elsewhere.id, Some(700), None),
+        ]),
+        "each subscription with its own cap, none merged into the host's"
+    );
+
+    // The listing reports each cap as it is now.
+    for (sub, cap) in [(&strict, None), (&default, Some(3))] {
+        store
+            .update_subscription(
+                &sub.id,
+                SubscriptionPatch {
+                    max_concurrency: Some(cap),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+    }
+    let now = caps(store.due_destinations(10).await.unwrap());
+    assert!(now.contains(&shared(strict.id, None, Some(100))), "{now:?}");
+    assert!(now.contains(&shared(loose.id, Some(50), None)), "{now:?}");
+    assert!(
+        now.contains(&shared(default.id, Some(3), Some(9))),
+        "{now:?}"
+    );
 }
 
 pub async fn a_subscription_claim_takes_only_that_subscriptions_deliveries(store: Arc<dyn Store>) {

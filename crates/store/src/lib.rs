@@ -118,7 +118,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// the oldest/newest times tell it whether a backlog exists beside new
     /// work (R4). Each listed subscription carries its current explicit
     /// `rate_limit`, from which the dispatcher sets the host's rate (the
-    /// smallest set there; adaptive when none is) without another read.
+    /// smallest set there; adaptive when none is), and its explicit
+    /// `max_concurrency`, from which it sets the host's cap (the smallest
+    /// set there; the server-wide one when none is), without another read.
     async fn due_destinations(&self, limit: u32) -> Result<Vec<DueDestination>>;
 
     /// Claims up to `req.limit` due deliveries of one destination — of one

@@ -35,6 +35,11 @@ pub struct NewSubscription {
     /// [`Subscription::rate_limit`]). The store keeps what it is given; the
     /// bounds are checked where the value enters (the API).
     pub rate_limit: Option<u32>,
+    /// An explicit cap on attempts in flight at once to its destination
+    /// host; `None` leaves the host at the server-wide `--host-concurrency`
+    /// (see [`Subscription::max_concurrency`]). The store keeps what it is
+    /// given; the bounds are checked where the value enters (the API).
+    pub max_concurrency: Option<u32>,
     /// A free-form description.
     pub description: Option<String>,
 }
@@ -57,6 +62,10 @@ pub struct SubscriptionPatch {
     /// A new explicit rate limit; `Some(None)` clears it (the host's rate
     /// becomes adaptive again, unless another subscription there sets one).
     pub rate_limit: Option<Option<u32>>,
+    /// A new explicit concurrency cap; `Some(None)` clears it (the host's cap
+    /// becomes the server-wide one again, unless another subscription there
+    /// sets one).
+    pub max_concurrency: Option<Option<u32>>,
     /// A new description; `Some(None)` clears it.
     pub description: Option<Option<String>>,
 }
@@ -225,6 +234,12 @@ pub struct DueSubscription {
     /// host's rate is the smallest of those set among its subscriptions;
     /// `None` from all of them means adaptive.
     pub rate_limit: Option<u32>,
+    /// The subscription's explicit [concurrency
+    /// cap](Subscription::max_concurrency), as it is now, so the dispatcher
+    /// learns it without another read. The host's cap is the smallest of
+    /// those set among its subscriptions; `None` from all of them means the
+    /// server-wide `--host-concurrency`.
+    pub max_concurrency: Option<u32>,
 }
 
 /// Which due deliveries a claim takes first.
