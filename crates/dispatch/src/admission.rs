@@ -40,6 +40,9 @@ struct HostState {
     /// The explicit rate last applied: the smallest `rate_limit` among the
     /// host's subscriptions with due work (`None`: adaptive).
     rate_limit: Option<u32>,
+    /// The cap last applied: the smallest `max_concurrency` among them
+    /// (`None`: the configured default).
+    max_concurrency: Option<u32>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -114,6 +117,14 @@ impl Admission {
             h.destination
                 .set_rate_override(now, limit.map(f64::from).or(self.config.rate_override));
         }
+        let cap = hookd_domain::subscription::host_max_concurrency(
+            due.subscriptions.iter().map(|s| s.max_concurrency),
+        );
+        if cap != h.max_concurrency {
+            h.max_concurrency = cap;
+            h.destination
+                .set_concurrency(cap.unwrap_or(self.config.concurrency));
+        }
         let admit = h.destination.available(now);
         let slots = admit.slots.min(free);
         if slots == 0 || due.subscriptions.is_empty() {
@@ -147,13 +158,21 @@ impl Admission {
                 .get(&sub.sub_id)
                 .copied()
                 .unwrap_or_default();
-            let (oldest, newest) = backlog_split(BacklogInput {
-                slots: share,
-                concurrency: share + flying.total,
-                oldest_in_flight: flying.oldest,
-                has_backlog: sub.oldest_due_at < cut,
-                has_new: sub.newest_due_at >= cut,
-            });
+            let has_backlog = sub.oldest_due_at < cut;
+            let (oldest, newest) = if has_backlog {
+                backlog_split(BacklogInput {
+                    slots: share,
+                    concurrency: share + flying.total,
+                    oldest_in_flight: flying.oldest,
+                    has_backlog,
+                    has_new: sub.newest_due_at >= cut,
+                })
+            } else {
+                // No backlog: plain first-in first-out. Newest-first exists
+                // only to let new work pass a backlog (R4); among young
+                // deliveries it would just make the older ones wait.
+                (share, 0)
+            };
             for (limit, order) in [
                 (oldest, ClaimOrder::OldestFirst),
                 (newest, ClaimOrder::NewestFirst),
@@ -247,6 +266,7 @@ impl Admission {
                 subscriptions: HashMap::new(),
                 turn: 0,
                 rate_limit: None,
+                max_concurrency: None,
             };
             hosts.insert(Arc::from(host), state);
         }
@@ -327,6 +347,7 @@ mod tests {
                     oldest_due_at: now - chrono::Duration::seconds(oldest_age),
                     newest_due_at: now - chrono::Duration::seconds(newest_age),
                     rate_limit: None,
+                    max_concurrency: None,
                 })
                 .collect(),
         }
@@ -415,13 +436,13 @@ mod tests {
             .map(|c| c.limit)
             .sum();
         assert_eq!((oldest, newest), (4, 16), "20 % of 20 to the backlog");
-        // Only fresh work: all of it newest-first.
+        // Only fresh work: first in, first out.
         let plan = a.plan(&due("y", &[(s, 1, 0)], clock.now()), 100);
         assert_eq!(
             plan.claims,
             [PlannedClaim {
                 sub_id: s,
-                order: ClaimOrder::NewestFirst,
+                order: ClaimOrder::OldestFirst,
                 limit: 20
             }]
         );
@@ -476,6 +497,29 @@ mod tests {
         d.subscriptions[1].rate_limit = None;
         a.plan(&d, 100);
         assert_eq!(a.snapshot("x").unwrap().rate_per_sec, 1_000.0);
+    }
+
+    #[test]
+    fn a_subscription_max_concurrency_caps_its_host() {
+        let (a, clock) = setup(20);
+        let s = SubscriptionId::new();
+        let mut d = due("x", &[(s, 0, 0)], clock.now());
+        d.subscriptions[0].max_concurrency = Some(3);
+        assert_eq!(total(&a.plan(&d, 100)), 3);
+        let held: Vec<_> = (0..3)
+            .map(|_| a.start("x", s, ClaimOrder::OldestFirst).unwrap())
+            .collect();
+        assert!(
+            a.start("x", s, ClaimOrder::OldestFirst).is_none(),
+            "the lowered cap holds"
+        );
+        drop(held);
+        d.subscriptions[0].max_concurrency = None;
+        assert_eq!(
+            total(&a.plan(&d, 100)),
+            20,
+            "cleared: the configured cap again"
+        );
     }
 
     #[test]

@@ -151,6 +151,7 @@ mod tests {
                 ordered: false,
                 retry_policy: policy,
                 rate_limit: None,
+                max_concurrency: None,
                 state: SubscriptionState::Active,
                 description: None,
                 created_at: now,

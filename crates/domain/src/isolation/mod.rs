@@ -308,6 +308,14 @@ impl DestinationAdmission {
         self.apply_rate(now);
     }
 
+    /// Sets the concurrency cap: a subscription's `max_concurrency` at this
+    /// host, or the configured default when none sets one. Attempts already
+    /// in flight above a lowered cap finish; no new one starts until the
+    /// host is under it again.
+    pub fn set_concurrency(&mut self, concurrency: u32) {
+        self.config.concurrency = concurrency.max(1);
+    }
+
     /// The state at `now`, for `/health` and metrics.
     pub fn snapshot(&self, now: Timestamp) -> DestinationSnapshot {
         let (window_failures, window_attempts) = self.breaker.window_counts(now);
