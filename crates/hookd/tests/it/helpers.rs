@@ -44,22 +44,12 @@ macro_rules! on_both_backends {
 pub const DEADLINE: Duration = Duration::from_secs(30);
 
 /// Polls `f` until it returns `Some`, failing after [`DEADLINE`].
-pub async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+pub async fn eventually<T, F, Fut>(what: &str, f: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_within(what, DEADLINE, f).await
 }
 
 /// A database URL for a fresh, empty database of `backend`, and what keeps
@@ -338,7 +328,7 @@ where
             tokio::time::Instant::now() < deadline,
             "timed out waiting for: {what}"
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

@@ -6,6 +6,20 @@ use std::time::Duration;
 
 use crate::helpers::eventually;
 
+/// Waits until `hookd serve` on `listen` answers `/healthz`.
+async fn wait_until_serving(listen: &str) {
+    let client = reqwest::Client::new();
+    eventually("serve to answer /healthz", || async {
+        client
+            .get(format!("http://{listen}/healthz"))
+            .send()
+            .await
+            .ok()
+            .map(|_| ())
+    })
+    .await;
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -161,16 +175,7 @@ async fn a_second_serve_on_the_same_sqlite_file_refuses_to_start() {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    let client = reqwest::Client::new();
-    eventually("the first serve to answer", || async {
-        client
-            .get(format!("http://{listen}/healthz"))
-            .send()
-            .await
-            .ok()
-            .map(|_| ())
-    })
-    .await;
+    wait_until_serving(&listen).await;
     let other = format!("127.0.0.1:{}", free_port());
     let out = hookd(dir.path())
         .args(["serve", "--listen", &other])
@@ -256,16 +261,7 @@ async fn sigterm_stops_serve_even_when_its_stderr_is_closed() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let client = reqwest::Client::new();
-    eventually("serve to answer", || async {
-        client
-            .get(format!("http://{listen}/healthz"))
-            .send()
-            .await
-            .ok()
-            .map(|_| ())
-    })
-    .await;
+    wait_until_serving(&listen).await;
     // Close the reading end, as `hookd serve 2>&1 | head -1` does.
     drop(child.stderr.take());
     let status = terminate(&mut child);
