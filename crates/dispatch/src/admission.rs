@@ -107,7 +107,7 @@ impl Admission {
         let h = self.host_state(&mut hosts, &due.host, now);
         // A subscription's explicit rate_limit replaces the adaptive rate;
         // several at one host: the strictest statement about that server wins.
-        let limit = hookd_domain::subscription::host_rate_limit(
+        let limit = hookd_domain::subscription::strictest_limit(
             due.subscriptions.iter().map(|s| s.rate_limit),
         );
         if limit != h.rate_limit {
@@ -117,7 +117,7 @@ impl Admission {
             h.destination
                 .set_rate_override(now, limit.map(f64::from).or(self.config.rate_override));
         }
-        let cap = hookd_domain::subscription::host_max_concurrency(
+        let cap = hookd_domain::subscription::strictest_limit(
             due.subscriptions.iter().map(|s| s.max_concurrency),
         );
         if cap != h.max_concurrency {

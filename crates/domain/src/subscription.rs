@@ -30,17 +30,21 @@ pub struct InvalidRateLimit;
 /// [`MIN_RATE_LIMIT`] to [`MAX_RATE_LIMIT`]. Takes a `u64` so that a caller
 /// holding a wider number (a JSON integer) need not truncate it first.
 pub fn parse_rate_limit(n: u64) -> Result<u32, InvalidRateLimit> {
-    u32::try_from(n)
-        .ok()
-        .filter(|n| (MIN_RATE_LIMIT..=MAX_RATE_LIMIT).contains(n))
-        .ok_or(InvalidRateLimit)
+    within(n, MIN_RATE_LIMIT, MAX_RATE_LIMIT).ok_or(InvalidRateLimit)
 }
 
-/// The rate a destination host gets from the explicit limits of the
-/// subscriptions there: the smallest of those set, or `None` (adaptive) when
-/// none is. Politeness: the strictest statement a customer made about that
-/// server wins, since every subscription there shares the one server.
-pub fn host_rate_limit(limits: impl IntoIterator<Item = Option<u32>>) -> Option<u32> {
+/// `n` as a `u32`, if it lies in `lo..=hi`.
+fn within(n: u64, lo: u32, hi: u32) -> Option<u32> {
+    u32::try_from(n).ok().filter(|n| (lo..=hi).contains(n))
+}
+
+/// What a destination host gets from the explicit limits (`rate_limit`, or
+/// `max_concurrency`) of the subscriptions there: the smallest of those set,
+/// or `None` when none is (then the adaptive rate, or the server-wide
+/// `--host-concurrency`). Politeness: the strictest statement a customer made
+/// about that server wins, since every subscription there shares the one
+/// server.
+pub fn strictest_limit(limits: impl IntoIterator<Item = Option<u32>>) -> Option<u32> {
     limits.into_iter().flatten().min()
 }
 
@@ -62,19 +66,7 @@ pub struct InvalidMaxConcurrency;
 /// `u64` so that a caller holding a wider number (a JSON integer) need not
 /// truncate it first.
 pub fn parse_max_concurrency(n: u64) -> Result<u32, InvalidMaxConcurrency> {
-    u32::try_from(n)
-        .ok()
-        .filter(|n| (MIN_MAX_CONCURRENCY..=MAX_MAX_CONCURRENCY).contains(n))
-        .ok_or(InvalidMaxConcurrency)
-}
-
-/// The concurrency cap a destination host gets from the explicit caps of the
-/// subscriptions there: the smallest of those set, or `None` (the server-wide
-/// `--host-concurrency`) when none is. Politeness: the strictest statement a
-/// customer made about that server wins, since every subscription there
-/// shares the one server.
-pub fn host_max_concurrency(limits: impl IntoIterator<Item = Option<u32>>) -> Option<u32> {
-    limits.into_iter().flatten().min()
+    within(n, MIN_MAX_CONCURRENCY, MAX_MAX_CONCURRENCY).ok_or(InvalidMaxConcurrency)
 }
 
 /// Whether a subscription receives deliveries.
@@ -269,7 +261,7 @@ pub struct Subscription {
     /// [`parse_rate_limit`] where it enters). `None` (the usual case) leaves
     /// the host's rate adaptive: it follows the destination's observed
     /// throughput. When several subscriptions at one host set it, the host's
-    /// rate is the smallest of them ([`host_rate_limit`]): the strictest
+    /// rate is the smallest of them ([`strictest_limit`]): the strictest
     /// customer statement about that server wins.
     pub rate_limit: Option<u32>,
     /// An explicit cap on attempts in flight at once to its destination host
@@ -277,7 +269,7 @@ pub struct Subscription {
     /// [`parse_max_concurrency`] where it enters). `None` (the usual case)
     /// leaves the host at the server-wide `--host-concurrency`. When several
     /// subscriptions at one host set it, the host's cap is the smallest of
-    /// them ([`host_max_concurrency`]): the strictest customer statement
+    /// them ([`strictest_limit`]): the strictest customer statement
     /// about that server wins.
     pub max_concurrency: Option<u32>,
     /// A free-form description.
@@ -363,7 +355,18 @@ mod tests {
     }
 
     #[test]
-    fn the_strictest_explicit_rate_limit_at_a_host_wins() {
+    fn a_retired_secret_stops_signing_after_its_grace_window() {
+        let t0 = chrono::DateTime::from_timestamp(1_000_000, 0).unwrap();
+        let keys = SigningKeys {
+            current: SigningSecret::generate(),
+            previous: Some((SigningSecret::generate(), t0 + chrono::Duration::hours(24))),
+        };
+        assert_eq!(keys.live(t0).count(), 2);
+        assert_eq!(keys.live(t0 + chrono::Duration::hours(25)).count(), 1);
+    }
+
+    #[test]
+    fn the_strictest_explicit_limit_at_a_host_wins() {
         let cases: [(&[Option<u32>], Option<u32>); 5] = [
             (&[], None),
             (&[None, None], None),
@@ -372,7 +375,7 @@ mod tests {
             (&[Some(7)], Some(7)),
         ];
         for (limits, want) in cases {
-            assert_eq!(host_rate_limit(limits.iter().copied()), want, "{limits:?}");
+            assert_eq!(strictest_limit(limits.iter().copied()), want, "{limits:?}");
         }
     }
 
@@ -395,34 +398,5 @@ mod tests {
                 .to_string()
                 .starts_with("max_concurrency ")
         );
-    }
-
-    #[test]
-    fn the_strictest_explicit_max_concurrency_at_a_host_wins() {
-        let cases: [(&[Option<u32>], Option<u32>); 5] = [
-            (&[], None),
-            (&[None, None], None),
-            (&[None, Some(50)], Some(50)),
-            (&[Some(50), Some(5), None, Some(500)], Some(5)),
-            (&[Some(7)], Some(7)),
-        ];
-        for (limits, want) in cases {
-            assert_eq!(
-                host_max_concurrency(limits.iter().copied()),
-                want,
-                "{limits:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn a_retired_secret_stops_signing_after_its_grace_window() {
-        let t0 = chrono::DateTime::from_timestamp(1_000_000, 0).unwrap();
-        let keys = SigningKeys {
-            current: SigningSecret::generate(),
-            previous: Some((SigningSecret::generate(), t0 + chrono::Duration::hours(24))),
-        };
-        assert_eq!(keys.live(t0).count(), 2);
-        assert_eq!(keys.live(t0 + chrono::Duration::hours(25)).count(), 1);
     }
 }
