@@ -291,7 +291,6 @@ async fn attempt(
     } = job;
     tokio::select! {
         outcome = run_attempt(&inner, &claimed) => {
-            let host = permit.host().to_owned();
             let transition = permit.finish(outcome);
             if let Some(t) = transition {
                 let to = match t { CircuitTransition::Opened => "open", CircuitTransition::Closed => "closed" };
@@ -299,7 +298,7 @@ async fn attempt(
             }
             if transition == Some(CircuitTransition::Opened) {
                 tracing::warn!(
-                    destination = %host,
+                    destination = %claimed.delivery.destination_host,
                     "circuit opened: attempts to this destination pause until a probe succeeds"
                 );
             }
