@@ -10,6 +10,8 @@
 //! - [`subscription`], [`delivery`]: the records and their states.
 //! - [`retry`]: the retry schedule (full jitter, capped, bounded by age and count).
 //! - [`classify`]: what an HTTP response or transport error means for a delivery.
+//! - [`health`]: the "likely configuration error" judgement shown on
+//!   `/health` (R6).
 //! - [`signing`]: Standard Webhooks signatures and the stable idempotency key.
 //! - [`isolation`]: per-destination admission: concurrency cap, circuit
 //!   breaker, adaptive token bucket, recovery ramp, fair share, backlog floor.
@@ -25,6 +27,7 @@ pub mod clock;
 pub mod delivery;
 pub mod destination;
 pub mod event_type;
+pub mod health;
 pub mod id;
 pub mod isolation;
 pub mod matching;

@@ -11,7 +11,9 @@ use hookd_domain::event_type::{EventType, EventTypePattern};
 use hookd_domain::signing::SigningSecret;
 use hookd_domain::subscription::{RetryPolicy, SigningKeys, SubscriptionState};
 use hookd_domain::{CustomerId, DeliveryId, EventId, SubscriptionId};
-use hookd_store::{Attempt, Delivery, Event, Result, StoreError, Subscription};
+use hookd_store::{
+    Attempt, AttemptCount, Delivery, Event, Result, StoreError, Subscription, SubscriptionHealth,
+};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 use uuid::Uuid;
@@ -192,4 +194,37 @@ pub(crate) fn attempt(row: &PgRow) -> Result<(Uuid, Attempt)> {
         response_snippet: get(row, "response_snippet")?,
     };
     Ok((get(row, "delivery_id")?, attempt))
+}
+
+fn count(row: &PgRow, col: &str) -> Result<u64> {
+    let n: i64 = get(row, col)?;
+    u64::try_from(n).map_err(|e| corrupt(col, e))
+}
+
+/// A subscription's health from its counts row (`pending`, `oldest_pending`,
+/// `dead`, `oldest_dead`) and its attempt rows (`status`, `error_class`, `n`).
+pub(crate) fn subscription_health(
+    counts: &PgRow,
+    attempts: &[PgRow],
+) -> Result<SubscriptionHealth> {
+    let attempts = attempts
+        .iter()
+        .map(|row| {
+            let class: Option<String> = get(row, "error_class")?;
+            Ok(AttemptCount {
+                status: status(row, "status")?,
+                error_class: class
+                    .map(|c| ErrorClass::parse(&c).ok_or_else(|| corrupt("error_class", &c)))
+                    .transpose()?,
+                count: count(row, "n")?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(SubscriptionHealth {
+        pending_count: count(counts, "pending")?,
+        oldest_pending_created_at: get(counts, "oldest_pending")?,
+        dead_count: count(counts, "dead")?,
+        oldest_dead_at: get(counts, "oldest_dead")?,
+        attempts,
+    })
 }

@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use hookd_domain::CustomerId;
-use hookd_domain::{DeliveryId, EventId, SubscriptionId};
+use hookd_domain::{DeliveryId, EventId, SubscriptionId, Timestamp};
 use hookd_store::{
     Accepted, Attempt, AttemptRecord, ClaimOrder, ClaimRequest, ClaimedDelivery, Delivery,
     DeliveryDetail, DeliveryQuery, DueDestination, DueSubscription, Event, Lease, NewDelivery,
     NewEvent, NewSubscription, NewToken, NextState, RecordOutcome, Result, Store, StoreError,
-    Subscription, SubscriptionPatch, SubscriptionQuery, TokenScope,
+    Subscription, SubscriptionHealth, SubscriptionPatch, SubscriptionQuery, TokenScope,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{Postgres, Row, Transaction};
@@ -817,6 +817,58 @@ impl Store for PgStore {
     }
 
     // --- tokens ----------------------------------------------------------------
+
+    async fn subscription_health(
+        &self,
+        sub_id: &SubscriptionId,
+        since: Timestamp,
+    ) -> Result<SubscriptionHealth> {
+        self.bounded(async {
+            let sub = *sub_id.as_uuid();
+            // One snapshot, so the counts agree with each other.
+            let mut tx = begin_snapshot(self).await?;
+            sqlx::query("SELECT 1 FROM subscriptions WHERE sub_id = $1 AND state <> 'deleted'")
+                .bind(sub)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(map)?
+                .ok_or(StoreError::NotFound)?;
+            // Unfinished rows: the partial index `deliveries_unfinished`.
+            // Dead rows: the subscription's slice of `deliveries_sub`.
+            let counts = sqlx::query(
+                "SELECT \
+                   (SELECT count(*) FROM deliveries \
+                     WHERE sub_id = $1 AND state IN ('pending', 'inflight')) AS pending, \
+                   (SELECT min(created_at) FROM deliveries \
+                     WHERE sub_id = $1 AND state IN ('pending', 'inflight')) AS oldest_pending, \
+                   (SELECT count(*) FROM deliveries \
+                     WHERE sub_id = $1 AND state = 'dead') AS dead, \
+                   (SELECT min(updated_at) FROM deliveries \
+                     WHERE sub_id = $1 AND state = 'dead') AS oldest_dead",
+            )
+            .bind(sub)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(map)?;
+            // The subscription's deliveries by `deliveries_sub`, each one's
+            // attempts by `attempts_delivery`.
+            let rows = sqlx::query(
+                "SELECT a.status, a.error_class, count(*) AS n FROM deliveries d \
+                 JOIN attempts a ON a.delivery_id = d.delivery_id \
+                 WHERE d.sub_id = $1 AND a.started_at >= $2 \
+                 GROUP BY a.status, a.error_class \
+                 ORDER BY a.status IS NULL, a.status, a.error_class",
+            )
+            .bind(sub)
+            .bind(since)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(map)?;
+            commit(tx).await?;
+            rows::subscription_health(&counts, &rows)
+        })
+        .await
+    }
 
     async fn create_token(&self, token: NewToken) -> Result<()> {
         self.bounded(async {

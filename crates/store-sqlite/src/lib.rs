@@ -56,12 +56,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use hookd_domain::{DeliveryId, EventId, SubscriptionId};
+use hookd_domain::{DeliveryId, EventId, SubscriptionId, Timestamp};
 use hookd_store::{
     Accepted, AttemptRecord, ClaimRequest, ClaimedDelivery, Delivery, DeliveryDetail,
     DeliveryQuery, DueDestination, Event, Lease, NewDelivery, NewEvent, NewSubscription, NewToken,
-    RecordOutcome, Result, Store, StoreError, Subscription, SubscriptionPatch, SubscriptionQuery,
-    TokenScope,
+    RecordOutcome, Result, Store, StoreError, Subscription, SubscriptionHealth, SubscriptionPatch,
+    SubscriptionQuery, TokenScope,
 };
 use sqlx::migrate::{AppliedMigration, Migrate, MigrateError, Migrator};
 use sqlx::sqlite::{
@@ -376,6 +376,14 @@ impl Store for SqliteStore {
 
     async fn list_deliveries(&self, query: &DeliveryQuery) -> Result<Vec<DeliveryDetail>> {
         reading::list_deliveries(self, query).await
+    }
+
+    async fn subscription_health(
+        &self,
+        sub_id: &SubscriptionId,
+        since: Timestamp,
+    ) -> Result<SubscriptionHealth> {
+        reading::subscription_health(self, sub_id, since).await
     }
 
     async fn create_token(&self, token: NewToken) -> Result<()> {

@@ -1,15 +1,19 @@
-//! Reading deliveries with their attempts: the delivery log.
+//! Reading deliveries with their attempts (the delivery log), and a
+//! subscription's delivery health.
 
 use std::collections::HashMap;
 
-use hookd_domain::DeliveryId;
-use hookd_store::{Attempt, DeliveryDetail, DeliveryQuery, Result, StoreError};
+use hookd_domain::delivery::ErrorClass;
+use hookd_domain::{DeliveryId, SubscriptionId, Timestamp};
+use hookd_store::{
+    Attempt, AttemptCount, DeliveryDetail, DeliveryQuery, Result, StoreError, SubscriptionHealth,
+};
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 use uuid::Uuid;
 
 use crate::SqliteStore;
-use crate::codec::{self, attempt_columns, delivery_columns, to_ms};
-use crate::error::from_sqlx;
+use crate::codec::{self, attempt_columns, delivery_columns, from_ms, to_ms};
+use crate::error::{corrupt, from_sqlx};
 
 /// Ids per `IN (…)` list, far below SQLite's limit on bound values; a page
 /// of the delivery log fits in one statement.
@@ -113,4 +117,79 @@ pub(crate) async fn list_deliveries(
             DeliveryDetail { delivery, attempts }
         })
         .collect())
+}
+
+pub(crate) async fn subscription_health(
+    store: &SqliteStore,
+    sub_id: &SubscriptionId,
+    since: Timestamp,
+) -> Result<SubscriptionHealth> {
+    let sub = *sub_id.as_uuid();
+    let mut tx = store.read().await?;
+    sqlx::query("SELECT 1 FROM subscriptions WHERE sub_id = ? AND state <> 'deleted'")
+        .bind(sub)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(from_sqlx)?
+        .ok_or(StoreError::NotFound)?;
+
+    // The partial index `deliveries_unfinished` holds exactly these rows;
+    // the WHERE repeats its predicate word for word so the planner uses it.
+    let (pending, oldest_pending): (i64, Option<i64>) = sqlx::query_as(
+        "SELECT COUNT(*), MIN(created_at) FROM deliveries \
+         WHERE sub_id = ? AND state IN ('pending', 'inflight')",
+    )
+    .bind(sub)
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(from_sqlx)?;
+    // `deliveries_sub`: the subscription's own rows only.
+    let (dead, oldest_dead): (i64, Option<i64>) = sqlx::query_as(
+        "SELECT COUNT(*), MIN(updated_at) FROM deliveries WHERE sub_id = ? AND state = 'dead'",
+    )
+    .bind(sub)
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(from_sqlx)?;
+    // `deliveries_sub` for the subscription's deliveries, then
+    // `attempts_delivery` for each one's attempts.
+    let rows: Vec<(Option<i64>, Option<String>, i64)> = sqlx::query_as(
+        "SELECT a.status, a.error_class, COUNT(*) FROM deliveries d \
+         JOIN attempts a ON a.delivery_id = d.delivery_id \
+         WHERE d.sub_id = ? AND a.started_at >= ? \
+         GROUP BY a.status, a.error_class \
+         ORDER BY a.status IS NULL, a.status, a.error_class",
+    )
+    .bind(sub)
+    .bind(to_ms(since))
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(from_sqlx)?;
+    tx.commit().await.map_err(from_sqlx)?;
+
+    let mut attempts = Vec::with_capacity(rows.len());
+    for (status, class, n) in rows {
+        attempts.push(AttemptCount {
+            status: status
+                .map(|s| u16::try_from(s).map_err(|_| corrupt("a_status", s)))
+                .transpose()?,
+            error_class: class
+                .map(|c| ErrorClass::parse(&c).ok_or_else(|| corrupt("a_error_class", &c)))
+                .transpose()?,
+            count: count(n)?,
+        });
+    }
+    Ok(SubscriptionHealth {
+        pending_count: count(pending)?,
+        oldest_pending_created_at: oldest_pending
+            .map(|t| from_ms(t, "created_at"))
+            .transpose()?,
+        dead_count: count(dead)?,
+        oldest_dead_at: oldest_dead.map(|t| from_ms(t, "updated_at")).transpose()?,
+        attempts,
+    })
+}
+
+fn count(n: i64) -> Result<u64> {
+    u64::try_from(n).map_err(|_| corrupt("count", n))
 }

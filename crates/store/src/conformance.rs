@@ -79,6 +79,9 @@ macro_rules! conformance_tests {
             replaying_a_queued_delivery_changes_nothing,
             replaying_a_delivery_of_a_deleted_subscription_conflicts,
             deliveries_filter_and_page,
+            subscription_health_counts_unfinished_dead_and_recent_attempts,
+            subscription_health_of_a_quiet_subscription_is_empty,
+            subscription_health_of_a_missing_or_deleted_subscription_is_not_found,
             tokens_are_found_by_hash,
             missing_records_are_not_found,
         );
@@ -2332,6 +2335,163 @@ pub async fn deliveries_filter_and_page(store: Arc<dyn Store>) {
             .len(),
         6
     );
+}
+
+// --- subscription health ---------------------------------------------------
+
+/// The window every health test asks about: the last hour, caller's clock.
+fn last_hour() -> Timestamp {
+    chrono::Utc::now() - chrono::Duration::hours(1)
+}
+
+/// Records `attempt` on a claimed delivery, ending in `next`.
+async fn record(store: &Arc<dyn Store>, c: &ClaimedDelivery, attempt: Attempt, next: NextState) {
+    let r = AttemptRecord {
+        lease: c.lease,
+        attempt,
+        next,
+        last_error: Some("failed".into()),
+    };
+    assert_eq!(
+        store.record_attempt(r).await.unwrap(),
+        RecordOutcome::Recorded
+    );
+}
+
+fn count(status: Option<u16>, error_class: Option<ErrorClass>, count: u64) -> AttemptCount {
+    AttemptCount {
+        status,
+        error_class,
+        count,
+    }
+}
+
+pub async fn subscription_health_counts_unfinished_dead_and_recent_attempts(store: Arc<dyn Store>) {
+    let a = store
+        .create_subscription(new_sub("health-a.example", None))
+        .await
+        .unwrap();
+    let b = store
+        .create_subscription(new_sub("health-b.example", None))
+        .await
+        .unwrap();
+    for _ in 0..5 {
+        ingest(&store, &[&a]).await;
+    }
+    for _ in 0..2 {
+        ingest(&store, &[&b]).await;
+    }
+
+    let claimed = store
+        .claim_due(&claim_req("health-a.example", 10, LONG))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 5);
+    let [delivered, failed, dead, retrying, old] = &claimed[..] else {
+        unreachable!()
+    };
+    finish(&store, delivered, 200, NextState::Delivered).await;
+    finish(&store, failed, 401, NextState::Failed).await;
+    finish(&store, dead, 500, NextState::Dead).await;
+    // No status: counted by its error class (timeout).
+    record(
+        &store,
+        retrying,
+        attempt(1, None),
+        NextState::Retry { delay: LONG },
+    )
+    .await;
+    // An attempt that started before the window is not counted, though its
+    // delivery, pending again, is.
+    let mut before = attempt(1, Some(500));
+    before.started_at = chrono::Utc::now() - chrono::Duration::hours(2);
+    record(&store, old, before, NextState::Retry { delay: LONG }).await;
+
+    // The other subscription: one delivered, one left in flight.
+    let other = store
+        .claim_due(&claim_req("health-b.example", 10, LONG))
+        .await
+        .unwrap();
+    assert_eq!(other.len(), 2);
+    finish(&store, &other[0], 200, NextState::Delivered).await;
+
+    let health = store.subscription_health(&a.id, last_hour()).await.unwrap();
+    assert_eq!(health.pending_count, 2, "{health:?}");
+    let mut pending_created = Vec::new();
+    for c in [retrying, old] {
+        let d = store.get_delivery(&c.delivery.id).await.unwrap().delivery;
+        pending_created.push(d.created_at);
+    }
+    assert_eq!(
+        health.oldest_pending_created_at,
+        pending_created.into_iter().min()
+    );
+    assert_eq!(health.dead_count, 1);
+    let dead_row = store
+        .get_delivery(&dead.delivery.id)
+        .await
+        .unwrap()
+        .delivery;
+    assert_eq!(health.oldest_dead_at, Some(dead_row.updated_at));
+    assert_eq!(
+        health.attempts,
+        vec![
+            count(Some(200), None, 1),
+            count(Some(401), None, 1),
+            count(Some(500), None, 1),
+            count(None, Some(ErrorClass::Timeout), 1),
+        ]
+    );
+    assert_eq!(health.finished_attempts(), 4);
+    assert_eq!(health.successful_attempts(), 1);
+
+    // In flight counts as unfinished; other subscriptions' work is not counted.
+    let health = store.subscription_health(&b.id, last_hour()).await.unwrap();
+    assert_eq!(health.pending_count, 1, "{health:?}");
+    assert!(health.oldest_pending_created_at.is_some());
+    assert_eq!(health.dead_count, 0);
+    assert_eq!(health.oldest_dead_at, None);
+    assert_eq!(health.attempts, vec![count(Some(200), None, 1)]);
+}
+
+pub async fn subscription_health_of_a_quiet_subscription_is_empty(store: Arc<dyn Store>) {
+    let sub = store
+        .create_subscription(new_sub("quiet.example", None))
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .subscription_health(&sub.id, last_hour())
+            .await
+            .unwrap(),
+        SubscriptionHealth {
+            pending_count: 0,
+            oldest_pending_created_at: None,
+            dead_count: 0,
+            oldest_dead_at: None,
+            attempts: vec![],
+        }
+    );
+}
+
+pub async fn subscription_health_of_a_missing_or_deleted_subscription_is_not_found(
+    store: Arc<dyn Store>,
+) {
+    assert!(matches!(
+        store
+            .subscription_health(&SubscriptionId::new(), last_hour())
+            .await,
+        Err(StoreError::NotFound)
+    ));
+    let sub = store
+        .create_subscription(new_sub("gone.example", None))
+        .await
+        .unwrap();
+    store.delete_subscription(&sub.id).await.unwrap();
+    assert!(matches!(
+        store.subscription_health(&sub.id, last_hour()).await,
+        Err(StoreError::NotFound)
+    ));
 }
 
 pub async fn tokens_are_found_by_hash(store: Arc<dyn Store>) {

@@ -23,7 +23,7 @@ pub mod types;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use hookd_domain::{DeliveryId, EventId, SubscriptionId};
+use hookd_domain::{DeliveryId, EventId, SubscriptionId, Timestamp};
 
 pub use error::StoreError;
 pub use types::*;
@@ -198,6 +198,20 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Deliveries matching `query`, newest first (by id), after `query.cursor`,
     /// at most `query.limit`, each with its attempts (oldest first).
     async fn list_deliveries(&self, query: &DeliveryQuery) -> Result<Vec<DeliveryDetail>>;
+
+    /// One subscription's delivery health: how many of its deliveries are
+    /// unfinished (`pending` or `inflight`) and since when, how many are
+    /// `dead` and since when, and its attempts that started at or after
+    /// `since` (a time on the caller's clock, as attempts' `started_at` is)
+    /// counted by status or, without one, by error class. Every attempt of
+    /// its deliveries counts, including one whose lease was lost. Read as
+    /// one snapshot where the backend offers one. `NotFound` if the
+    /// subscription is absent or deleted.
+    async fn subscription_health(
+        &self,
+        sub_id: &SubscriptionId,
+        since: Timestamp,
+    ) -> Result<SubscriptionHealth>;
 
     // --- tokens -------------------------------------------------------------
 

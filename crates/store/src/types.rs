@@ -351,3 +351,49 @@ pub enum TokenScope {
     /// One customer's subscriptions, deliveries and jobs.
     Customer(CustomerId),
 }
+
+/// How many of a subscription's attempts ended one way: with one HTTP status,
+/// or, with no status, in one error class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttemptCount {
+    /// The HTTP status, if a response came.
+    pub status: Option<u16>,
+    /// Why no usable response came, when there is no status.
+    pub error_class: Option<ErrorClass>,
+    /// How many attempts ended this way.
+    pub count: u64,
+}
+
+/// What the store knows about one subscription's delivery health, for
+/// `GET /subscriptions/{id}/health`: counts only, no judgement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubscriptionHealth {
+    /// Deliveries not yet finished: `pending` (waiting, or due) or
+    /// `inflight` (being sent).
+    pub pending_count: u64,
+    /// `created_at` of the oldest of those, if any: how far behind it is.
+    pub oldest_pending_created_at: Option<Timestamp>,
+    /// Deliveries that ran out of retries (`dead`).
+    pub dead_count: u64,
+    /// When the earliest of those became dead (its `updated_at`), if any.
+    pub oldest_dead_at: Option<Timestamp>,
+    /// Attempts that started at or after the `since` asked for, by how they
+    /// ended, ordered by status (statuses first) then error class name.
+    pub attempts: Vec<AttemptCount>,
+}
+
+impl SubscriptionHealth {
+    /// Attempts in the window that ended at all (every recorded attempt).
+    pub fn finished_attempts(&self) -> u64 {
+        self.attempts.iter().map(|a| a.count).sum()
+    }
+
+    /// Attempts in the window that got a 2xx (delivered).
+    pub fn successful_attempts(&self) -> u64 {
+        self.attempts
+            .iter()
+            .filter(|a| a.status.is_some_and(|s| (200..300).contains(&s)))
+            .map(|a| a.count)
+            .sum()
+    }
+}
