@@ -37,7 +37,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
     }
 }
 
-fn check_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+pub(crate) fn check_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     let unsupported = || {
         ApiError::UnsupportedMediaType(
             "the request body must be JSON (Content-Type: application/json)".into(),
@@ -64,7 +64,7 @@ fn too_large(limit: usize) -> ApiError {
 
 /// Reads the whole body, refusing it as soon as it passes `limit` bytes
 /// (without buffering more than that).
-async fn read_body(mut body: Body, limit: usize) -> Result<Vec<u8>, ApiError> {
+pub(crate) async fn read_body(mut body: Body, limit: usize) -> Result<Vec<u8>, ApiError> {
     if body.size_hint().lower() > limit as u64 {
         return Err(too_large(limit));
     }

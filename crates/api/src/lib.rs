@@ -17,8 +17,10 @@
 //!   [`ApiError`], naming the field or parameter at fault.
 //! - `fanout`: the in-memory fan-out index, rebuilt when the store's
 //!   subscription generation moves.
-//! - `subscriptions`, `events`, `deliveries`: the handlers and their JSON
-//!   shapes.
+//! - `subscriptions`, `events`, `deliveries`, `health`: the handlers and
+//!   their JSON shapes.
+//! - `rotation`: signing-secret rotation with a grace window (at most two
+//!   live secrets); `tokens`: admin-made customer tokens, stored hashed.
 //!
 //! # What this crate must not do
 //! Name a storage backend (it sees only `Arc<dyn Store>`), write SQL, send
@@ -32,8 +34,11 @@ mod error;
 mod events;
 mod extract;
 mod fanout;
+mod health;
 pub mod metrics;
+mod rotation;
 mod subscriptions;
+mod tokens;
 
 use std::sync::Arc;
 
@@ -47,6 +52,9 @@ use tokio_util::sync::CancellationToken;
 
 pub use auth::hash_token;
 pub use error::ApiError;
+pub use health::{DestinationState, DestinationView};
+pub use rotation::{DEFAULT_GRACE_SECS, MAX_GRACE_SECS};
+pub use tokens::{create_customer_token, generate_token};
 
 /// The largest event payload accepted by default (256 KiB).
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 256 * 1024;
@@ -97,6 +105,9 @@ struct Inner {
     wake: Arc<Notify>,
     /// Renders `/metrics`, once the binary has installed a recorder.
     metrics: metrics::MetricsSlot,
+    /// Reads a destination's live isolation state for `/health`, once the
+    /// binary has installed the lookup.
+    destination_state: health::DestinationStateSlot,
 }
 
 impl AppState {
@@ -111,6 +122,7 @@ impl AppState {
                 tokens: auth::TokenCache::default(),
                 wake,
                 metrics: metrics::MetricsSlot::default(),
+                destination_state: health::DestinationStateSlot::default(),
             }),
         }
     }
@@ -133,6 +145,18 @@ impl AppState {
 
     fn metrics(&self) -> Option<metrics::RenderMetrics> {
         self.inner.metrics.get()
+    }
+
+    /// Lets `GET /subscriptions/{id}/health` show the live state of a
+    /// destination host (circuit, in flight, rate, ramp) from `lookup`.
+    /// Without it every host reads as unseen. Only the first call has an
+    /// effect.
+    pub fn set_destination_state(&self, lookup: DestinationState) {
+        self.inner.destination_state.set(lookup);
+    }
+
+    fn destination_state(&self, host: &str) -> Option<DestinationView> {
+        self.inner.destination_state.get(host)
     }
 
     /// The dispatcher's wake-up signal.
@@ -165,10 +189,16 @@ pub fn router(state: AppState) -> Router {
                 .patch(subscriptions::update)
                 .delete(subscriptions::delete),
         )
+        .route("/subscriptions/{id}/health", get(health::get))
         .route(
             "/subscriptions/{id}/deliveries",
             get(deliveries::list_for_subscription),
         )
+        .route(
+            "/subscriptions/{id}/secret/rotate",
+            axum::routing::post(rotation::rotate_secret),
+        )
+        .route("/tokens", axum::routing::post(tokens::create))
         .route("/events", axum::routing::post(events::create))
         .route("/events/{id}", get(events::get))
         .route("/deliveries/{id}", get(deliveries::get))

@@ -26,6 +26,30 @@ enum Command {
     Migrate(DatabaseArgs),
     /// A local receiver for development: prints each webhook and checks its signature.
     Listen(crate::listen::ListenArgs),
+    /// Manage API tokens.
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+/// `hookd token …`.
+#[derive(Debug, Subcommand)]
+enum TokenCommand {
+    /// Create a token scoped to one customer and print it (it is shown only
+    /// this once; the database keeps its SHA-256).
+    Create(TokenCreateArgs),
+}
+
+/// `hookd token create`.
+#[derive(Debug, Args)]
+struct TokenCreateArgs {
+    /// The customer the token may act for.
+    #[arg(long)]
+    customer: String,
+    /// A label for people (where the token is used, who holds it).
+    #[arg(long)]
+    label: Option<String>,
+    #[command(flatten)]
+    db: DatabaseArgs,
 }
 
 /// Where the data lives.
@@ -116,8 +140,24 @@ impl Cli {
                 Ok(())
             }
             Command::Listen(args) => crate::listen::run(args).await,
+            Command::Token(TokenCommand::Create(args)) => create_token(args).await,
         }
     }
+}
+
+/// `hookd token create`: opens (and migrates) the store directly, so it
+/// works before the first `serve` and without an admin token.
+async fn create_token(args: TokenCreateArgs) -> anyhow::Result<()> {
+    init_logging(LogFormat::Human);
+    let customer = hookd_domain::CustomerId::parse(&args.customer)
+        .map_err(|e| anyhow::anyhow!("--customer: {e}"))?;
+    let store = open_store(&args.db.database).await?;
+    store.migrate().await.context("applying migrations")?;
+    let token = hookd_api::create_customer_token(store.as_ref(), customer, args.label)
+        .await
+        .context("storing the token")?;
+    println!("{token}");
+    Ok(())
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {

@@ -11,7 +11,6 @@ use hookd_domain::destination::DestinationPolicy;
 use hookd_domain::isolation::CircuitState;
 use hookd_store::{NewToken, Store};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use rand::RngCore;
 use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -116,15 +115,24 @@ fn render_metrics(
     })
 }
 
-fn sha256(token: &str) -> [u8; 32] {
-    Sha256::digest(token.as_bytes()).into()
+/// What `/subscriptions/{id}/health` shows of a destination host: the
+/// dispatcher's admission state, read at request time.
+fn destination_state(dispatcher: &Dispatcher) -> hookd_api::DestinationState {
+    let admission = dispatcher.admission().clone();
+    Arc::new(move |host| {
+        admission
+            .snapshot(host)
+            .map(|s| hookd_api::DestinationView {
+                circuit_state: s.circuit_state,
+                in_flight: s.in_flight,
+                rate_per_sec: s.rate_per_sec,
+                ramp_level: s.ramp_level,
+            })
+    })
 }
 
-/// A new random admin token.
-fn generate_token() -> String {
-    let mut bytes = [0u8; 32];
-    rand::rng().fill_bytes(&mut bytes);
-    format!("hookd_{}", hex::encode(bytes))
+fn sha256(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
 }
 
 impl App {
@@ -146,7 +154,7 @@ impl App {
                     .await
                     .context("looking up the admin token")?
                 {
-                    let token = generate_token();
+                    let token = hookd_api::generate_token();
                     let new = NewToken {
                         token_hash: sha256(&token).to_vec(),
                         customer_id: None,
@@ -177,6 +185,7 @@ impl App {
         if let Some(handle) = prometheus() {
             state.set_metrics(render_metrics(handle, &dispatcher));
         }
+        state.set_destination_state(destination_state(&dispatcher));
         let router = hookd_api::router(state);
         let local_addr = listener
             .local_addr()

@@ -4,7 +4,9 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::helpers::eventually;
+use serde_json::json;
+
+use crate::helpers::{ServeProcess, eventually};
 
 /// Waits until `hookd serve` on `listen` answers `/healthz`.
 async fn wait_until_serving(listen: &str) {
@@ -266,4 +268,76 @@ async fn sigterm_stops_serve_even_when_its_stderr_is_closed() {
     drop(child.stderr.take());
     let status = terminate(&mut child);
     assert!(status.success(), "{status:?}");
+}
+
+#[tokio::test]
+async fn token_create_prints_a_customer_token_that_serve_then_honours() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite:{}", dir.path().join("tokens.db").display());
+    // Before any `serve`: the command creates and migrates the database.
+    let out = hookd(dir.path())
+        .args(["token", "create", "--customer", "acme", "--label", "ci"])
+        .args(["--database", &db])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let token = stdout.trim().to_owned();
+    assert!(
+        token.starts_with("hookd_") && !token.contains(char::is_whitespace),
+        "stdout is the token alone: {stdout:?}"
+    );
+    let bad = hookd(dir.path())
+        .args(["token", "create", "--customer", "", "--database", &db])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--customer"));
+
+    let serve = ServeProcess::start(&db, None).await;
+    let acme = serve
+        .subscribe_with(
+            json!({"url": "http://127.0.0.1:9/in", "event_types": ["a.b"], "customer_id": "acme"}),
+        )
+        .await;
+    let globex = serve
+        .subscribe_with(json!({"url": "http://127.0.0.1:9/in", "event_types": ["a.b"], "customer_id": "globex"}))
+        .await;
+    let get = |path: String| {
+        serve
+            .client
+            .get(serve.url(&path))
+            .bearer_auth(&token)
+            .send()
+    };
+    let list: serde_json::Value = get("/subscriptions".into())
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ids: Vec<_> = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["sub_id"].clone())
+        .collect();
+    assert_eq!(
+        ids,
+        [json!(acme)],
+        "the token sees acme's subscriptions only"
+    );
+    let other = get(format!("/subscriptions/{globex}")).await.unwrap();
+    assert_eq!(other.status(), 404);
+    // It is a customer token, not an admin one.
+    let mint = serve
+        .client
+        .post(serve.url("/tokens"))
+        .bearer_auth(&token)
+        .json(&json!({"customer_id": "acme"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(mint.status(), 404);
 }

@@ -1,0 +1,97 @@
+//! `POST /tokens`: an admin makes an API token for one customer.
+//!
+//! The token's text is answered once and never stored: the store keeps only
+//! its SHA-256 ([`hash_token`]). A customer token asking is told `404`, as
+//! for anything else it may not see.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use hookd_domain::CustomerId;
+use hookd_store::NewToken;
+use rand::RngCore;
+use serde::{Deserialize, Serialize};
+
+use crate::AppState;
+use crate::auth::{Caller, hash_token};
+use crate::error::ApiError;
+use crate::extract::JsonBody;
+
+/// The longest label accepted, in characters.
+const MAX_LABEL_CHARS: usize = 200;
+
+/// A new random API token: `hookd_` and 64 hex digits (32 random bytes).
+pub fn generate_token() -> String {
+    let mut bytes = [0u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    format!("hookd_{}", hex::encode(bytes))
+}
+
+/// A customer token made and stored (hashed); returns its text, which exists
+/// nowhere else from here on.
+pub async fn create_customer_token(
+    store: &dyn hookd_store::Store,
+    customer_id: CustomerId,
+    label: Option<String>,
+) -> Result<String, hookd_store::StoreError> {
+    let token = generate_token();
+    store
+        .create_token(NewToken {
+            token_hash: hash_token(&token).to_vec(),
+            customer_id: Some(customer_id),
+            label,
+        })
+        .await?;
+    Ok(token)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CreateToken {
+    customer_id: String,
+    #[serde(default)]
+    label: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct Created {
+    token: String,
+    customer_id: CustomerId,
+}
+
+/// `POST /tokens` (admin only).
+pub(crate) async fn create(
+    State(state): State<AppState>,
+    caller: Caller,
+    JsonBody(req): JsonBody<CreateToken>,
+) -> Result<Response, ApiError> {
+    if caller.customer().is_some() {
+        return Err(ApiError::NotFound("no such route".into()));
+    }
+    let customer_id =
+        CustomerId::parse(&req.customer_id).map_err(|e| ApiError::invalid("customer_id", e))?;
+    if let Some(l) = &req.label
+        && l.chars().count() > MAX_LABEL_CHARS
+    {
+        return Err(ApiError::invalid(
+            "label",
+            format!("must be at most {MAX_LABEL_CHARS} characters"),
+        ));
+    }
+    let token = create_customer_token(state.store(), customer_id.clone(), req.label).await?;
+    tracing::info!(customer_id = %customer_id, "customer token created");
+    Ok((StatusCode::CREATED, Json(Created { token, customer_id })).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_prefixed_random_and_distinct() {
+        let (a, b) = (generate_token(), generate_token());
+        assert!(a.starts_with("hookd_") && a.len() == 6 + 64, "{a}");
+        assert_ne!(a, b);
+    }
+}
