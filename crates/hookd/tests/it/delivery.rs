@@ -1,7 +1,6 @@
 //! An event's path from POST to the receiver, on both backends.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use base64::Engine as _;
 use hmac::{Hmac, Mac};
@@ -212,8 +211,10 @@ async fn two_dispatchers_never_deliver_one_delivery_twice(backend: Backend) {
         TestReceiver::start("127.0.0.8").await,
         TestReceiver::start("127.0.0.9").await,
     ];
+    let mut sub_ids = Vec::new();
     for r in &receivers {
-        app.subscribe(&r.url(), &["*"]).await;
+        let sub = app.subscribe(&r.url(), &["*"]).await;
+        sub_ids.push(sub["sub_id"].as_str().unwrap().to_owned());
     }
     // A second dispatcher, with its own connection pool, on the same database.
     let second_store = hookd::open_store(&app.database).await.unwrap();
@@ -237,10 +238,27 @@ async fn two_dispatchers_never_deliver_one_delivery_twice(backend: Backend) {
             *seen.entry(got.header("webhook-id").to_owned()).or_default() += 1;
         }
     }
-    // Give any stray duplicate a chance to show up before counting.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let total: usize = receivers.iter().map(|r| r.received().len()).sum();
     assert_eq!(seen.len(), 3 * events);
+    // Every POST is recorded as an attempt, so a delivery two dispatchers
+    // both held would show two. Once all are delivered, each has exactly one.
+    for sub_id in &sub_ids {
+        let log = eventually("every delivery to be recorded as delivered", || async {
+            let page = app
+                .get_json(&format!("/subscriptions/{sub_id}/deliveries?limit=250"))
+                .await;
+            let all = page["data"].as_array().unwrap().clone();
+            (all.len() == events && all.iter().all(|d| d["state"] == "delivered")).then_some(all)
+        })
+        .await;
+        for d in &log {
+            assert_eq!(
+                d["attempts"].as_array().unwrap().len(),
+                1,
+                "sent twice: {d}"
+            );
+        }
+    }
+    let total: usize = receivers.iter().map(|r| r.received().len()).sum();
     assert_eq!(total, 3 * events, "no delivery was sent twice");
     stop_second.cancel();
     second_run.await.unwrap().unwrap();
