@@ -111,15 +111,7 @@ pub(crate) async fn rotate_secret(
         keys: Some(rotate(sub.keys, new, previous_expires_at)),
         ..SubscriptionPatch::default()
     };
-    state
-        .store()
-        .update_subscription(&id, patch)
-        .await
-        .map_err(|e| match e {
-            hookd_store::StoreError::NotFound => ApiError::not_found("subscription"),
-            e => e.into(),
-        })?;
-    state.refresh_fanout().await;
+    crate::subscriptions::write(&state, &id, patch).await?;
     tracing::info!(sub_id = %id, grace_secs = grace.num_seconds(), "signing secret rotated");
     Ok(Json(Rotated {
         sub_id: id,

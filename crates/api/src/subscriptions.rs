@@ -398,17 +398,29 @@ pub(crate) async fn update(
     if unchanged {
         return Ok(Json(current.into()));
     }
+    let updated = write(&state, &id, patch).await?;
+    tracing::info!(sub_id = %id, "subscription updated");
+    Ok(Json(updated.into()))
+}
+
+/// Applies `patch` and brings the fan-out index up to date: every route that
+/// changes a subscription goes through here. A subscription that vanished
+/// meanwhile is a 404.
+pub(crate) async fn write(
+    state: &AppState,
+    id: &SubscriptionId,
+    patch: SubscriptionPatch,
+) -> Result<Subscription, ApiError> {
     let updated = state
         .store()
-        .update_subscription(&id, patch)
+        .update_subscription(id, patch)
         .await
         .map_err(|e| match e {
             hookd_store::StoreError::NotFound => ApiError::not_found("subscription"),
             e => e.into(),
         })?;
     state.refresh_fanout().await;
-    tracing::info!(sub_id = %id, "subscription updated");
-    Ok(Json(updated.into()))
+    Ok(updated)
 }
 
 /// `DELETE /subscriptions/{id}`.

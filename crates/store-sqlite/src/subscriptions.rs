@@ -151,33 +151,21 @@ pub(crate) async fn update(
         max_concurrency,
         description,
     } = patch;
-    if let Some(url) = url {
-        sub.url = url;
+    // Unset fields keep their value; set ones replace it.
+    fn set<T>(slot: &mut T, value: Option<T>) {
+        if let Some(v) = value {
+            *slot = v;
+        }
     }
-    if let Some(event_types) = event_types {
-        sub.event_types = event_types;
-    }
-    if let Some(keys) = keys {
-        sub.keys = keys;
-    }
-    if let Some(ordered) = ordered {
-        sub.ordered = ordered;
-    }
-    if let Some(retry_policy) = retry_policy {
-        sub.retry_policy = retry_policy;
-    }
-    if let Some(state) = state {
-        sub.state = state;
-    }
-    if let Some(rate_limit) = rate_limit {
-        sub.rate_limit = rate_limit;
-    }
-    if let Some(max_concurrency) = max_concurrency {
-        sub.max_concurrency = max_concurrency;
-    }
-    if let Some(description) = description {
-        sub.description = description;
-    }
+    set(&mut sub.url, url);
+    set(&mut sub.event_types, event_types);
+    set(&mut sub.keys, keys);
+    set(&mut sub.ordered, ordered);
+    set(&mut sub.retry_policy, retry_policy);
+    set(&mut sub.state, state);
+    set(&mut sub.rate_limit, rate_limit);
+    set(&mut sub.max_concurrency, max_concurrency);
+    set(&mut sub.description, description);
     let (previous, previous_until) = match &sub.keys.previous {
         Some((secret, until)) => (Some(secret.expose()), Some(to_ms(*until))),
         None => (None, None),

@@ -8,6 +8,25 @@ use serde_json::json;
 
 use crate::helpers::{ServeProcess, eventually};
 
+/// Polls `url` with `token` until the server answers; returns the status.
+async fn answer_with(
+    client: &reqwest::Client,
+    url: &str,
+    token: &str,
+    what: &str,
+) -> reqwest::StatusCode {
+    eventually(what, || async {
+        client
+            .get(url)
+            .bearer_auth(token)
+            .send()
+            .await
+            .ok()
+            .map(|r| r.status())
+    })
+    .await
+}
+
 /// Waits until `hookd serve` on `listen` answers `/healthz`.
 async fn wait_until_serving(listen: &str) {
     let client = reqwest::Client::new();
@@ -85,16 +104,7 @@ async fn serve_with_no_configuration_creates_hookd_db_prints_a_token_once_and_st
 
     let client = reqwest::Client::new();
     let url = format!("http://{listen}/subscriptions");
-    let status = eventually("the API to answer", || async {
-        client
-            .get(&url)
-            .bearer_auth(&token)
-            .send()
-            .await
-            .ok()
-            .map(|r| r.status())
-    })
-    .await;
+    let status = answer_with(&client, &url, &token, "the API to answer").await;
     assert_eq!(status, 200, "the printed token is an admin token");
     let wrong = client.get(&url).bearer_auth("nope").send().await.unwrap();
     assert_eq!(wrong.status(), 401);
@@ -117,16 +127,7 @@ async fn serve_with_no_configuration_creates_hookd_db_prints_a_token_once_and_st
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let ok = eventually("the API to answer again", || async {
-        client
-            .get(&url)
-            .bearer_auth(&token)
-            .send()
-            .await
-            .ok()
-            .map(|r| r.status())
-    })
-    .await;
+    let ok = answer_with(&client, &url, &token, "the API to answer again").await;
     assert_eq!(ok, 200, "the token from the first start still works");
     assert!(terminate(&mut again).success());
     let mut rest = String::new();
