@@ -6,14 +6,11 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hookd_domain::destination::{DestinationPolicy, DestinationUrl};
-use hookd_domain::event_type::{EventType, EventTypePattern};
-use hookd_domain::signing::SigningSecret;
-use hookd_domain::subscription::{RetryPolicy, SigningKeys};
-use hookd_domain::{DeliveryId, EventId, SubscriptionId};
+use hookd_domain::DeliveryId;
+use hookd_store::conformance::{new_event, new_sub};
 use hookd_store::{
-    Attempt, AttemptRecord, ClaimOrder, ClaimRequest, Lease, NewDelivery, NewEvent,
-    NewSubscription, NextState, Store, StoreError,
+    Attempt, AttemptRecord, ClaimOrder, ClaimRequest, Lease, NewDelivery, NextState, Store,
+    StoreError,
 };
 use hookd_store_sqlite::SqliteStore;
 
@@ -25,38 +22,6 @@ async fn fresh() -> (SqliteStore, tempfile::TempDir) {
         .unwrap();
     store.migrate().await.unwrap();
     (store, dir)
-}
-
-fn new_sub(host: &str) -> NewSubscription {
-    NewSubscription {
-        id: SubscriptionId::new(),
-        customer_id: None,
-        url: DestinationUrl::parse(
-            &format!("http://{host}/hook"),
-            DestinationPolicy::AllowPrivate,
-        )
-        .unwrap(),
-        event_types: vec![EventTypePattern::parse("*").unwrap()],
-        keys: SigningKeys {
-            current: SigningSecret::generate(),
-            previous: None,
-        },
-        ordered: false,
-        retry_policy: RetryPolicy::default(),
-        rate_limit: None,
-        max_concurrency: None,
-        description: None,
-    }
-}
-
-fn new_event() -> NewEvent {
-    NewEvent {
-        id: EventId::new(),
-        event_type: EventType::parse("order.created").unwrap(),
-        payload: "{}".into(),
-        idempotency_key: None,
-        customer_id: None,
-    }
 }
 
 #[tokio::test]
@@ -83,14 +48,17 @@ async fn urls_name_a_file_and_memory_is_refused() {
 #[tokio::test]
 async fn accepted_events_survive_a_reopen() {
     let (store, dir) = fresh().await;
-    let ev = new_event();
+    let ev = new_event("order.created", None);
     store.accept_event(ev.clone(), vec![]).await.unwrap();
     store.close().await;
     let reopened = SqliteStore::connect(&dir.path().join("hookd.db"))
         .await
         .unwrap();
     reopened.migrate().await.unwrap();
-    assert_eq!(reopened.get_event(&ev.id).await.unwrap().payload, "{}");
+    assert_eq!(
+        reopened.get_event(&ev.id).await.unwrap().payload,
+        ev.payload
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -124,7 +92,7 @@ async fn stores_sharing_a_file_migrate_at_once() {
 async fn stores_sharing_a_file_never_claim_the_same_delivery() {
     let (first, dir) = fresh().await;
     let sub = first
-        .create_subscription(new_sub("a.example"))
+        .create_subscription(new_sub("a.example", None))
         .await
         .unwrap();
     let total = 120;
@@ -134,7 +102,10 @@ async fn stores_sharing_a_file_never_claim_the_same_delivery() {
             sub_id: sub.id,
             destination_host: "a.example".into(),
         };
-        first.accept_event(new_event(), vec![d]).await.unwrap();
+        first
+            .accept_event(new_event("order.created", None), vec![d])
+            .await
+            .unwrap();
     }
     // Each store has its own writer connection, as separate processes would:
     // only SQLite's file lock keeps their claims apart.
@@ -209,13 +180,13 @@ async fn an_attempt_for_an_unknown_delivery_is_not_found() {
 async fn oversized_snippets_are_cut_on_a_character_boundary() {
     let (store, _dir) = fresh().await;
     let sub = store
-        .create_subscription(new_sub("a.example"))
+        .create_subscription(new_sub("a.example", None))
         .await
         .unwrap();
     let id = DeliveryId::new();
     store
         .accept_event(
-            new_event(),
+            new_event("order.created", None),
             vec![NewDelivery {
                 id,
                 sub_id: sub.id,

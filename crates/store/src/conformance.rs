@@ -108,7 +108,8 @@ fn url(host: &str) -> DestinationUrl {
     .unwrap()
 }
 
-fn new_sub(host: &str, customer: Option<&str>) -> NewSubscription {
+/// A subscription to `*` at `http://{host}:9/hook` (private addresses allowed).
+pub fn new_sub(host: &str, customer: Option<&str>) -> NewSubscription {
     NewSubscription {
         id: SubscriptionId::new(),
         customer_id: customer.map(|c| CustomerId::parse(c).unwrap()),
@@ -126,7 +127,8 @@ fn new_sub(host: &str, customer: Option<&str>) -> NewSubscription {
     }
 }
 
-fn new_event(ty: &str, key: Option<&str>) -> NewEvent {
+/// An event of type `ty` with a small payload.
+pub fn new_event(ty: &str, key: Option<&str>) -> NewEvent {
     NewEvent {
         id: EventId::new(),
         event_type: EventType::parse(ty).unwrap(),
