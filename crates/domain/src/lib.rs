@@ -15,6 +15,10 @@
 //! - [`signing`]: Standard Webhooks signatures and the stable idempotency key.
 //! - [`isolation`]: per-destination admission: concurrency cap, circuit
 //!   breaker, adaptive token bucket, recovery ramp, fair share, backlog floor.
+//! - [`replay`]: how much of a bulk replay job waits in a destination's queue.
+//! - [`shedding`]: when a stuck backlog makes ingest refuse a subscription's
+//!   events (R4's escape valve).
+//! - [`stats`]: latency percentiles of the daily rollup.
 //!
 //! # What this crate must not do
 //! No tokio, no sqlx, no axum, no reqwest, no reading the wall clock except
@@ -31,12 +35,15 @@ pub mod health;
 pub mod id;
 pub mod isolation;
 pub mod matching;
+pub mod replay;
 pub mod retry;
+pub mod shedding;
 pub mod signing;
+pub mod stats;
 pub mod subscription;
 
 pub use clock::{Clock, FakeClock, SystemClock};
-pub use id::{CustomerId, DeliveryId, EventId, SubscriptionId};
+pub use id::{CustomerId, DeliveryId, EventId, JobId, SubscriptionId};
 
 /// A point in time, always UTC.
 pub type Timestamp = chrono::DateTime<chrono::Utc>;

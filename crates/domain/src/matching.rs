@@ -77,11 +77,38 @@ impl SubscriptionIndex {
         event_type: &EventType,
         customer: Option<&CustomerId>,
     ) -> Vec<Arc<FanoutTarget>> {
+        self.select(event_type, true, |t| {
+            customer.is_none_or(|c| t.customer_id.as_ref() == Some(c))
+        })
+    }
+
+    /// The subscriptions one of hookd's own events about a subscription of
+    /// `customer` goes to. hookd's events are opt-in: only patterns that
+    /// name them (`hookd.subscription.*`, `hookd.*`, an exact type) match —
+    /// `*` means "every platform event" and does not. They go to platform
+    /// subscriptions (no customer) and to that customer's, never to another
+    /// customer's: they describe one customer's endpoint.
+    pub fn matches_system(
+        &self,
+        event_type: &EventType,
+        customer: Option<&CustomerId>,
+    ) -> Vec<Arc<FanoutTarget>> {
+        self.select(event_type, false, |t| {
+            t.customer_id.is_none() || t.customer_id.as_ref() == customer
+        })
+    }
+
+    fn select(
+        &self,
+        event_type: &EventType,
+        include_all: bool,
+        keep: impl Fn(&FanoutTarget) -> bool,
+    ) -> Vec<Arc<FanoutTarget>> {
         let name = event_type.as_str();
         let mut out: Vec<Arc<FanoutTarget>> = Vec::new();
         let mut push = |list: &Vec<Arc<FanoutTarget>>| {
             for t in list {
-                if customer.is_none_or(|c| t.customer_id.as_ref() == Some(c)) {
+                if keep(t) {
                     out.push(t.clone());
                 }
             }
@@ -98,7 +125,9 @@ impl SubscriptionIndex {
                 }
             }
         }
-        push(&self.all);
+        if include_all {
+            push(&self.all);
+        }
         out.sort_by_key(|t| t.sub_id);
         out.dedup_by(|a, b| a.sub_id == b.sub_id);
         out
@@ -154,6 +183,35 @@ mod tests {
             ids(idx.matches(&EventType::parse("order").unwrap(), None)),
             vec![c.sub_id]
         );
+    }
+
+    #[test]
+    fn system_events_are_opt_in_and_stay_with_their_customer() {
+        let platform = target(None);
+        let mine = target(Some("acme"));
+        let theirs = target(Some("globex"));
+        let everything = target(None);
+        let (pp, pm, pt, pe) = (
+            pats(&["hookd.subscription.*"]),
+            pats(&["hookd.*"]),
+            pats(&["hookd.subscription.disabled"]),
+            pats(&["*"]),
+        );
+        let idx = SubscriptionIndex::build([
+            (platform.clone(), pp.as_slice()),
+            (mine.clone(), pm.as_slice()),
+            (theirs.clone(), pt.as_slice()),
+            (everything.clone(), pe.as_slice()),
+        ]);
+        let ty = EventType::parse("hookd.subscription.disabled").unwrap();
+        let acme = CustomerId::parse("acme").unwrap();
+        let mut want = vec![platform.sub_id, mine.sub_id];
+        want.sort();
+        assert_eq!(ids(idx.matches_system(&ty, Some(&acme))), want);
+        // A subscription of no customer: platform subscriptions only.
+        assert_eq!(ids(idx.matches_system(&ty, None)), vec![platform.sub_id]);
+        // Ordinary matching still lets `*` see everything.
+        assert_eq!(idx.matches(&ty, None).len(), 4);
     }
 
     #[test]
