@@ -12,6 +12,13 @@ const UNAVAILABLE_CODES: &[&str] = &[
     "57014", // query_canceled: our statement_timeout fired
     "25006", // read_only_sql_transaction: a standby, or a failover in progress
     "53300", // too_many_connections
+    // serialization_failure: also what an UPDATE or FOR UPDATE gets when the
+    // row it waited for was moved to another partition meanwhile (retention
+    // carrying an unfinished delivery forward). The transaction was rolled
+    // back; the same call again sees the row where it is now.
+    "40001",
+    "40P01", // deadlock_detected: the transaction chosen as the victim was rolled back
+    "55P03", // lock_not_available: our lock_timeout fired (retention's partition drop)
 ];
 
 /// The SQLSTATE of a unique violation.

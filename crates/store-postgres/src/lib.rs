@@ -14,8 +14,11 @@
 //!
 //! # Layout
 //! - `migrations/` (embedded): the schema of `docs/schema-notes.md` in
-//!   PostgreSQL types.
+//!   PostgreSQL types; deliveries and attempts in day partitions (0006).
 //! - `store`: one SQL statement (or one transaction) per trait method.
+//! - `jobs`: bulk replay jobs (creation with fixed items, and the step).
+//! - `retention`: day partitions (carry forward, fold into `daily_stats`,
+//!   drop), events retention, and the daily rollup read.
 //! - `rows`: the column lists and row decoders the queries share.
 //! - `error`: sqlx errors mapped onto [`StoreError`].
 //!
@@ -26,6 +29,8 @@
 #![warn(missing_docs)]
 
 mod error;
+mod jobs;
+mod retention;
 mod rows;
 mod store;
 #[cfg(feature = "testing")]
@@ -129,10 +134,21 @@ impl PgStore {
         &self,
         call: impl Future<Output = hookd_store::Result<T>>,
     ) -> hookd_store::Result<T> {
-        match tokio::time::timeout(self.deadline, call).await {
+        self.bounded_by(self.deadline, call).await
+    }
+
+    /// [`bounded`](Self::bounded) with a deadline of its own, for the few
+    /// calls that may legitimately run longer than a request (retention's
+    /// fold of a whole day).
+    async fn bounded_by<T>(
+        &self,
+        deadline: Duration,
+        call: impl Future<Output = hookd_store::Result<T>>,
+    ) -> hookd_store::Result<T> {
+        match tokio::time::timeout(deadline, call).await {
             Ok(res) => res,
             Err(_) => Err(StoreError::Unavailable(Box::new(error::DeadlineExceeded(
-                self.deadline,
+                deadline,
             )))),
         }
     }

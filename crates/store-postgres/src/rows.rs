@@ -10,9 +10,10 @@ use hookd_domain::destination::DestinationUrl;
 use hookd_domain::event_type::{EventType, EventTypePattern};
 use hookd_domain::signing::SigningSecret;
 use hookd_domain::subscription::{RetryPolicy, SigningKeys, SubscriptionState};
-use hookd_domain::{CustomerId, DeliveryId, EventId, SubscriptionId};
+use hookd_domain::{CustomerId, DeliveryId, EventId, JobId, SubscriptionId};
 use hookd_store::{
-    Attempt, AttemptCount, Delivery, Event, Result, StoreError, Subscription, SubscriptionHealth,
+    Attempt, AttemptCount, Delivery, Event, JobState, RaisedSignal, ReplayJob, Result, SignalKind,
+    StoreError, Subscription, SubscriptionHealth,
 };
 use sqlx::Row;
 use sqlx::postgres::PgRow;
@@ -52,7 +53,15 @@ macro_rules! subscription_cols {
     };
 }
 
-pub(crate) use {delivery_cols, event_cols, subscription_cols};
+/// Replay job columns of a table aliased `j`.
+macro_rules! job_cols {
+    () => {
+        "j.job_id, j.sub_id, j.since, j.until, j.event_types, j.states, j.state, j.total, j.done, \
+         j.failed, j.skipped, j.requeued, j.created_at, j.finished_at"
+    };
+}
+
+pub(crate) use {delivery_cols, event_cols, job_cols, subscription_cols};
 
 fn get<'r, T>(row: &'r PgRow, col: &str) -> Result<T>
 where
@@ -206,6 +215,7 @@ fn count(row: &PgRow, col: &str) -> Result<u64> {
 pub(crate) fn subscription_health(
     counts: &PgRow,
     attempts: &[PgRow],
+    signals: Vec<RaisedSignal>,
 ) -> Result<SubscriptionHealth> {
     let attempts = attempts
         .iter()
@@ -226,5 +236,46 @@ pub(crate) fn subscription_health(
         dead_count: count(counts, "dead")?,
         oldest_dead_at: get(counts, "oldest_dead")?,
         attempts,
+        signals,
+    })
+}
+
+/// A replay job from [`job_cols`].
+pub(crate) fn replay_job(row: &PgRow) -> Result<ReplayJob> {
+    let types: Vec<String> = get(row, "event_types")?;
+    let states: Vec<String> = get(row, "states")?;
+    let state: String = get(row, "state")?;
+    Ok(ReplayJob {
+        id: JobId::from_uuid(get(row, "job_id")?),
+        sub_id: SubscriptionId::from_uuid(get(row, "sub_id")?),
+        since: get(row, "since")?,
+        until: get(row, "until")?,
+        event_types: types
+            .iter()
+            .map(|t| EventType::parse(t).map_err(|e| corrupt("job event type", e)))
+            .collect::<Result<_>>()?,
+        states: states
+            .iter()
+            .map(|s| DeliveryState::parse(s).ok_or_else(|| corrupt("job delivery state", s)))
+            .collect::<Result<_>>()?,
+        state: JobState::parse(&state).ok_or_else(|| corrupt("job state", &state))?,
+        total: count(row, "total")?,
+        done: count(row, "done")?,
+        failed: count(row, "failed")?,
+        skipped: count(row, "skipped")?,
+        requeued: count(row, "requeued")?,
+        created_at: get(row, "created_at")?,
+        finished_at: get(row, "finished_at")?,
+    })
+}
+
+/// A raised signal from `sub_id`, `kind`, `detail`, `raised_at`.
+pub(crate) fn raised_signal(row: &PgRow) -> Result<RaisedSignal> {
+    let kind: String = get(row, "kind")?;
+    Ok(RaisedSignal {
+        sub_id: SubscriptionId::from_uuid(get(row, "sub_id")?),
+        kind: SignalKind::parse(&kind).ok_or_else(|| corrupt("signal kind", &kind))?,
+        detail: get(row, "detail")?,
+        raised_at: get(row, "raised_at")?,
     })
 }

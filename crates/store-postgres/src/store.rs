@@ -5,13 +5,17 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use chrono::NaiveDate;
 use hookd_domain::CustomerId;
-use hookd_domain::{DeliveryId, EventId, SubscriptionId, Timestamp};
+use hookd_domain::subscription::SubscriptionState;
+use hookd_domain::{DeliveryId, EventId, JobId, SubscriptionId, Timestamp};
 use hookd_store::{
-    Accepted, Attempt, AttemptRecord, ClaimOrder, ClaimRequest, ClaimedDelivery, Delivery,
-    DeliveryDetail, DeliveryQuery, DueDestination, DueSubscription, Event, Lease, NewDelivery,
-    NewEvent, NewSubscription, NewToken, NextState, RecordOutcome, Result, Store, StoreError,
-    Subscription, SubscriptionHealth, SubscriptionPatch, SubscriptionQuery, TokenScope,
+    Accepted, Attempt, AttemptRecord, Backlog, ClaimOrder, ClaimRequest, ClaimedDelivery,
+    DailyStats, Delivery, DeliveryDetail, DeliveryQuery, DueDestination, DueSubscription, Event,
+    JobStep, Lease, NewDelivery, NewEvent, NewReplayJob, NewSubscription, NewToken, NextState,
+    Notice, RaisedSignal, RecordOutcome, ReplayJob, Result, RetentionPolicy, RetentionReport,
+    SignalKind, Store, StoreError, Subscription, SubscriptionHealth, SubscriptionPatch,
+    SubscriptionQuery, TokenScope,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{Postgres, Row, Transaction};
@@ -19,7 +23,8 @@ use uuid::Uuid;
 
 use crate::PgStore;
 use crate::error::{map, map_migrate};
-use crate::rows::{self, delivery_cols, event_cols, subscription_cols};
+use crate::rows::{self, delivery_cols, event_cols, job_cols, subscription_cols};
+use crate::{jobs, retention};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
@@ -97,7 +102,7 @@ macro_rules! claim_sql {
 
 /// `last_error` of deliveries failed by a subscription delete, and the
 /// conflict a replay of such a subscription's delivery reports.
-const DELETED: &str = "subscription deleted";
+pub(crate) const DELETED: &str = "subscription deleted";
 
 /// Durations travel to SQL as whole microseconds (`$n * interval '1 microsecond'`),
 /// PostgreSQL's own resolution, so no float rounding moves a due time.
@@ -105,13 +110,56 @@ fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
-fn to_i32(what: &str, n: u32) -> Result<i32> {
+pub(crate) fn to_i32(what: &str, n: u32) -> Result<i32> {
     i32::try_from(n)
         .map_err(|_| StoreError::Backend(format!("{what} {n} does not fit the column").into()))
 }
 
 fn uuids<'a, T: 'a>(items: impl IntoIterator<Item = &'a T>, f: impl Fn(&T) -> Uuid) -> Vec<Uuid> {
     items.into_iter().map(f).collect()
+}
+
+/// Whether `err` is an insert that found no day partition for its row:
+/// partition upkeep (migrate, enforce_retention) has not run for days.
+fn is_missing_partition(err: &StoreError) -> bool {
+    let StoreError::Backend(source) = err else {
+        return false;
+    };
+    matches!(source.downcast_ref::<sqlx::Error>(), Some(sqlx::Error::Database(db))
+        if db.code().as_deref() == Some("23514") && db.message().starts_with("no partition"))
+}
+
+/// Runs `call` (one whole transaction) and, if it found no day partition
+/// for a row it inserted, creates today's and the next days' partitions and
+/// runs it once more: ingest keeps working even when retention, which
+/// normally creates them ahead, has not run for days.
+async fn with_partitions<T, F, Fut>(store: &PgStore, call: F) -> Result<T>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    match call().await {
+        Err(e) if is_missing_partition(&e) => {
+            retention::ensure_partitions(store).await?;
+            call().await
+        }
+        res => res,
+    }
+}
+
+/// Lowers a signal inside `tx`; whether it was raised.
+async fn lower(
+    tx: &mut Transaction<'_, Postgres>,
+    sub_id: &SubscriptionId,
+    kind: SignalKind,
+) -> Result<bool> {
+    let res = sqlx::query("DELETE FROM subscription_signals WHERE sub_id = $1 AND kind = $2")
+        .bind(sub_id.as_uuid())
+        .bind(kind.as_str())
+        .execute(&mut **tx)
+        .await
+        .map_err(map)?;
+    Ok(res.rows_affected() == 1)
 }
 
 /// Bumps the subscription generation inside a subscription write.
@@ -123,7 +171,7 @@ async fn bump_generation(tx: &mut Transaction<'_, Postgres>) -> Result<()> {
     Ok(())
 }
 
-async fn begin(store: &PgStore) -> Result<Transaction<'static, Postgres>> {
+pub(crate) async fn begin(store: &PgStore) -> Result<Transaction<'static, Postgres>> {
     store.pool.begin().await.map_err(map)
 }
 
@@ -138,7 +186,7 @@ async fn begin_snapshot(store: &PgStore) -> Result<Transaction<'static, Postgres
         .map_err(map)
 }
 
-async fn commit(tx: Transaction<'_, Postgres>) -> Result<()> {
+pub(crate) async fn commit(tx: Transaction<'_, Postgres>) -> Result<()> {
     tx.commit().await.map_err(map)
 }
 
@@ -180,6 +228,74 @@ fn json(value: &impl serde::Serialize) -> Result<String> {
     serde_json::to_string(value).map_err(|e| StoreError::Backend(Box::new(e)))
 }
 
+/// Writes an event and its deliveries in `tx` (the outbox), or finds the
+/// event holding its idempotency key (`duplicate`, nothing written): all of
+/// [`Store::accept_event`] but the commit, shared with `raise_signal`'s
+/// notice.
+pub(crate) async fn insert_event(
+    tx: &mut Transaction<'_, Postgres>,
+    event: &NewEvent,
+    deliveries: &[NewDelivery],
+) -> Result<Accepted> {
+    // ON CONFLICT waits for a concurrent inserter of the same key to
+    // commit or roll back, so of N simultaneous duplicates exactly one
+    // inserts and the rest see its row.
+    let inserted = sqlx::query(
+        "INSERT INTO events (event_id, type, payload, idempotency_key, customer_id) \
+         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (idempotency_key) DO NOTHING RETURNING event_id",
+    )
+    .bind(event.id.as_uuid())
+    .bind(event.event_type.as_str())
+    .bind(&event.payload)
+    .bind(event.idempotency_key.as_deref())
+    .bind(event.customer_id.as_ref().map(CustomerId::as_str))
+    .fetch_optional(&mut **tx)
+    .await
+    .map_err(map)?;
+    if inserted.is_none() {
+        let existing = sqlx::query("SELECT event_id FROM events WHERE idempotency_key = $1")
+            .bind(event.idempotency_key.as_deref())
+            .fetch_optional(&mut **tx)
+            .await
+            .map_err(map)?
+            // Only possible if the holder of the key was deleted
+            // between the two statements.
+            .ok_or_else(|| StoreError::Conflict("idempotency key is being reused".into()))?;
+        let id: Uuid = existing.try_get("event_id").map_err(map)?;
+        return Ok(Accepted {
+            event_id: EventId::from_uuid(id),
+            duplicate: true,
+        });
+    }
+    if !deliveries.is_empty() {
+        // One statement for the whole fan-out, however wide. One now() for
+        // all of it: the deliveries share one retain_from, so one day
+        // partition, which is what keeps (event_id, sub_id) unique.
+        let hosts: Vec<&str> = deliveries
+            .iter()
+            .map(|d| d.destination_host.as_str())
+            .collect();
+        sqlx::query(
+            "INSERT INTO deliveries (delivery_id, event_id, sub_id, event_type, destination_host, \
+             state, attempt, next_attempt_at, created_at, window_start, updated_at, retain_from) \
+             SELECT u.delivery_id, $1, u.sub_id, $2, u.host, 'pending', 0, now(), now(), now(), now(), now() \
+             FROM unnest($3::uuid[], $4::uuid[], $5::text[]) AS u(delivery_id, sub_id, host)",
+        )
+        .bind(event.id.as_uuid())
+        .bind(event.event_type.as_str())
+        .bind(uuids(deliveries, |d| *d.id.as_uuid()))
+        .bind(uuids(deliveries, |d| *d.sub_id.as_uuid()))
+        .bind(hosts)
+        .execute(&mut **tx)
+        .await
+        .map_err(map)?;
+    }
+    Ok(Accepted {
+        event_id: event.id,
+        duplicate: false,
+    })
+}
+
 #[async_trait]
 impl Store for PgStore {
     async fn migrate(&self) -> Result<()> {
@@ -194,10 +310,17 @@ impl Store for PgStore {
             .map_err(map)?;
         // `run_direct` is what `run` calls after acquiring; calling it
         // directly sidesteps `Acquire`'s lifetime trouble in async_trait.
-        let res = MIGRATOR
+        let mut res = MIGRATOR
             .run_direct(None, &mut conn, false)
             .await
             .map_err(map_migrate);
+        if res.is_ok() {
+            // Today's and the next days' partitions, so inserts find theirs
+            // even if the last run was days ago.
+            // (Short of the lock, it gives up: they exist days ahead, and
+            // an insert that finds none creates its own.)
+            res = retention::ensure_partitions(self).await.map(|_| ());
+        }
         let _ = sqlx::Connection::close(conn).await;
         res
     }
@@ -310,6 +433,20 @@ impl Store for PgStore {
     ) -> Result<Subscription> {
         self.bounded(async {
             let mut tx = begin(self).await?;
+            // Re-enabling (disabled → active) has more to do; the row is
+            // locked so the state it is read in is the one replaced.
+            let reenabled = if patch.state == Some(SubscriptionState::Active) {
+                let state: Option<String> = sqlx::query_scalar(
+                    "SELECT state FROM subscriptions WHERE sub_id = $1 FOR NO KEY UPDATE",
+                )
+                .bind(id.as_uuid())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(map)?;
+                state.as_deref() == Some("disabled")
+            } else {
+                false
+            };
             let keys = patch.keys.as_ref();
             let (prev, prev_until) =
                 keys.and_then(|k| k.previous.as_ref()).map(|(s, t)| (s.expose(), *t)).unzip();
@@ -367,6 +504,19 @@ impl Store for PgStore {
             .await
             .map_err(map)?;
             let sub = rows::subscription(&row.ok_or(StoreError::NotFound)?)?;
+            if reenabled {
+                // A later automatic disable is announced again, and its
+                // failing period counts from here.
+                lower(&mut tx, id, SignalKind::Disabled).await?;
+                sqlx::query(
+                    "UPDATE subscriptions SET failing_since = NULL \
+                     WHERE sub_id = $1 AND failing_since IS NOT NULL",
+                )
+                .bind(id.as_uuid())
+                .execute(&mut *tx)
+                .await
+                .map_err(map)?;
+            }
             bump_generation(&mut tx).await?;
             commit(tx).await?;
             Ok(sub)
@@ -425,57 +575,16 @@ impl Store for PgStore {
         event: NewEvent,
         deliveries: Vec<NewDelivery>,
     ) -> Result<Accepted> {
-        self.bounded(async {
+        let (event, deliveries) = (&event, &deliveries);
+        self.bounded(with_partitions(self, || async move {
             let mut tx = begin(self).await?;
-            // ON CONFLICT waits for a concurrent inserter of the same key to
-            // commit or roll back, so of N simultaneous duplicates exactly one
-            // inserts and the rest see its row.
-            let inserted = sqlx::query(
-                "INSERT INTO events (event_id, type, payload, idempotency_key, customer_id) \
-                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (idempotency_key) DO NOTHING RETURNING event_id",
-            )
-            .bind(event.id.as_uuid())
-            .bind(event.event_type.as_str())
-            .bind(&event.payload)
-            .bind(event.idempotency_key.as_deref())
-            .bind(event.customer_id.as_ref().map(CustomerId::as_str))
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(map)?;
-            if inserted.is_none() {
-                let existing = sqlx::query("SELECT event_id FROM events WHERE idempotency_key = $1")
-                    .bind(event.idempotency_key.as_deref())
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(map)?
-                    // Only possible if the holder of the key was deleted
-                    // between the two statements.
-                    .ok_or_else(|| StoreError::Conflict("idempotency key is being reused".into()))?;
-                let id: Uuid = existing.try_get("event_id").map_err(map)?;
-                // Nothing was written; the rollback on drop is a no-op.
-                return Ok(Accepted { event_id: EventId::from_uuid(id), duplicate: true });
+            let accepted = insert_event(&mut tx, event, deliveries).await?;
+            if !accepted.duplicate {
+                commit(tx).await?;
             }
-            if !deliveries.is_empty() {
-                // One statement for the whole fan-out, however wide.
-                let hosts: Vec<&str> = deliveries.iter().map(|d| d.destination_host.as_str()).collect();
-                sqlx::query(
-                    "INSERT INTO deliveries (delivery_id, event_id, sub_id, event_type, destination_host, \
-                     state, attempt, next_attempt_at, created_at, window_start, updated_at) \
-                     SELECT u.delivery_id, $1, u.sub_id, $2, u.host, 'pending', 0, now(), now(), now(), now() \
-                     FROM unnest($3::uuid[], $4::uuid[], $5::text[]) AS u(delivery_id, sub_id, host)",
-                )
-                .bind(event.id.as_uuid())
-                .bind(event.event_type.as_str())
-                .bind(uuids(&deliveries, |d| *d.id.as_uuid()))
-                .bind(uuids(&deliveries, |d| *d.sub_id.as_uuid()))
-                .bind(hosts)
-                .execute(&mut *tx)
-                .await
-                .map_err(map)?;
-            }
-            commit(tx).await?;
-            Ok(Accepted { event_id: event.id, duplicate: false })
-        })
+            // A duplicate wrote nothing; the rollback on drop is a no-op.
+            Ok(accepted)
+        }))
         .await
     }
 
@@ -604,28 +713,44 @@ impl Store for PgStore {
     async fn record_attempt(&self, record: AttemptRecord) -> Result<RecordOutcome> {
         self.bounded(async {
             let a = &record.attempt;
+            let id = record.lease.delivery_id.as_uuid();
             let mut tx = begin(self).await?;
-            // The attempt happened whatever became of the lease, so it is
-            // always written.
-            sqlx::query(
-                "INSERT INTO attempts (delivery_id, number, started_at, duration_ms, status, error_class, \
-                 response_snippet) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-            )
-            .bind(record.lease.delivery_id.as_uuid())
-            .bind(to_i32("attempt number", a.number)?)
-            .bind(a.started_at)
-            .bind(i64::try_from(a.duration.as_millis()).unwrap_or(i64::MAX))
-            .bind(a.status.map(i32::from))
-            .bind(a.error_class.map(|c| c.as_str()))
-            .bind(a.response_snippet.as_deref())
-            .execute(&mut *tx)
-            .await
-            .map_err(map)?;
-            let (state, delay) = match &record.next {
-                NextState::Delivered => ("delivered", None),
-                NextState::Retry { delay } => ("pending", Some(micros(*delay))),
-                NextState::Failed => ("failed", None),
-                NextState::Dead => ("dead", None),
+            // Subscription row, then delivery row, then the attempt: the order
+            // delete_subscription takes them in too, and deliveries before
+            // attempts is the order retention locks the two tables in.
+            let Some(row) = sqlx::query("SELECT sub_id FROM deliveries WHERE delivery_id = $1")
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(map)?
+            else {
+                // The delivery is gone (its day dropped by retention): there
+                // is nothing left to attach the attempt to, nor a newer claim.
+                return Ok(RecordOutcome::LeaseLost);
+            };
+            let sub: Uuid = row.try_get("sub_id").map_err(map)?;
+            // The failing streak follows every attempt, recorded or not, and
+            // writes the subscription row only when it changes.
+            let streak = if matches!(record.next, NextState::Delivered) {
+                sqlx::query(
+                    "UPDATE subscriptions SET failing_since = NULL \
+                     WHERE sub_id = $1 AND failing_since IS NOT NULL",
+                )
+                .bind(sub)
+            } else {
+                sqlx::query(
+                    "UPDATE subscriptions SET failing_since = $2 \
+                     WHERE sub_id = $1 AND failing_since IS NULL",
+                )
+                .bind(sub)
+                .bind(a.started_at)
+            };
+            streak.execute(&mut *tx).await.map_err(map)?;
+            let (state, outcome, delay) = match &record.next {
+                NextState::Delivered => ("delivered", "delivered", None),
+                NextState::Retry { delay } => ("pending", "retry", Some(micros(*delay))),
+                NextState::Failed => ("failed", "failed", None),
+                NextState::Dead => ("dead", "dead", None),
             };
             let moved = sqlx::query(
                 "UPDATE deliveries SET attempt = attempt + 1, state = $3, last_status = $4, last_error = $5, \
@@ -634,7 +759,7 @@ impl Store for PgStore {
                  lease_expires = NULL, worker_id = NULL, updated_at = now() \
                  WHERE delivery_id = $1 AND state = 'inflight' AND lease_token = $2",
             )
-            .bind(record.lease.delivery_id.as_uuid())
+            .bind(id)
             .bind(record.lease.token)
             .bind(state)
             .bind(a.status.map(i32::from))
@@ -642,9 +767,31 @@ impl Store for PgStore {
             .bind(delay)
             .execute(&mut *tx)
             .await
+            .map_err(map)?
+            .rows_affected()
+                == 1;
+            // The attempt happened whatever became of the lease, so it is
+            // always written, in its delivery's partition, with the outcome
+            // it caused (none when the lease was lost).
+            sqlx::query(
+                "INSERT INTO attempts (delivery_id, number, started_at, duration_ms, status, error_class, \
+                 response_snippet, outcome, retain_from) \
+                 SELECT $1, $2, $3, $4, $5, $6, $7, $8, d.retain_from FROM deliveries d \
+                 WHERE d.delivery_id = $1 LIMIT 1",
+            )
+            .bind(id)
+            .bind(to_i32("attempt number", a.number)?)
+            .bind(a.started_at)
+            .bind(i64::try_from(a.duration.as_millis()).unwrap_or(i64::MAX))
+            .bind(a.status.map(i32::from))
+            .bind(a.error_class.map(|c| c.as_str()))
+            .bind(a.response_snippet.as_deref())
+            .bind(moved.then_some(outcome))
+            .execute(&mut *tx)
+            .await
             .map_err(map)?;
             commit(tx).await?;
-            Ok(if moved.rows_affected() == 1 { RecordOutcome::Recorded } else { RecordOutcome::LeaseLost })
+            Ok(if moved { RecordOutcome::Recorded } else { RecordOutcome::LeaseLost })
         })
         .await
     }
@@ -864,10 +1011,242 @@ impl Store for PgStore {
             .fetch_all(&mut *tx)
             .await
             .map_err(map)?;
+            let signals = sqlx::query(
+                "SELECT sub_id, kind, detail, raised_at FROM subscription_signals WHERE sub_id = $1",
+            )
+            .bind(sub)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(map)?;
             commit(tx).await?;
-            rows::subscription_health(&counts, &rows)
+            let mut signals = signals.iter().map(rows::raised_signal).collect::<Result<Vec<_>>>()?;
+            signals.sort_by_key(|s| s.kind);
+            rows::subscription_health(&counts, &rows, signals)
         })
         .await
+    }
+
+    // --- bulk replay jobs ------------------------------------------------------
+
+    async fn create_replay_job(&self, new: NewReplayJob) -> Result<ReplayJob> {
+        self.bounded(jobs::create(self, new)).await
+    }
+
+    async fn get_replay_job(&self, id: &JobId) -> Result<ReplayJob> {
+        self.bounded(async {
+            let row = sqlx::query(concat!(
+                "SELECT ",
+                job_cols!(),
+                " FROM replay_jobs j WHERE j.job_id = $1"
+            ))
+            .bind(id.as_uuid())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map)?;
+            rows::replay_job(&row.ok_or(StoreError::NotFound)?)
+        })
+        .await
+    }
+
+    async fn cancel_replay_job(&self, id: &JobId) -> Result<ReplayJob> {
+        self.bounded(async {
+            // Waits for a step in progress (which holds the row), so a
+            // cancelled job's counts never move afterwards.
+            let row = sqlx::query(concat!(
+                "WITH c AS (UPDATE replay_jobs SET state = 'cancelled', finished_at = now() \
+                 WHERE job_id = $1 AND state = 'running' RETURNING *) \
+                 SELECT ",
+                job_cols!(),
+                " FROM c j \
+                 UNION ALL SELECT ",
+                job_cols!(),
+                " FROM replay_jobs j \
+                 WHERE j.job_id = $1 AND NOT EXISTS (SELECT 1 FROM c)"
+            ))
+            .bind(id.as_uuid())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map)?;
+            rows::replay_job(&row.ok_or(StoreError::NotFound)?)
+        })
+        .await
+    }
+
+    async fn running_replay_jobs(&self, limit: u32) -> Result<Vec<ReplayJob>> {
+        self.bounded(async {
+            let rows = sqlx::query(concat!(
+                "SELECT ",
+                job_cols!(),
+                " FROM replay_jobs j WHERE j.state = 'running' \
+                 ORDER BY j.created_at, j.job_id LIMIT $1"
+            ))
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map)?;
+            rows.iter().map(rows::replay_job).collect()
+        })
+        .await
+    }
+
+    async fn step_replay_job(&self, id: &JobId, window: u32) -> Result<JobStep> {
+        self.bounded(jobs::step(self, id, window)).await
+    }
+
+    // --- signals -----------------------------------------------------------------
+
+    async fn raise_signal(
+        &self,
+        sub_id: &SubscriptionId,
+        kind: SignalKind,
+        detail: &str,
+        notice: Option<Notice>,
+    ) -> Result<bool> {
+        let notice = &notice;
+        self.bounded(with_partitions(self, || async move {
+            let mut tx = begin(self).await?;
+            // The subscription row is the compare-and-set's lock: of
+            // concurrent raises, the first to take it raises, the others wait
+            // and then find the signal raised (each statement reads anew).
+            // NO KEY UPDATE, not UPDATE: ingest's foreign-key checks (KEY
+            // SHARE) on the row go on, and two raises whose notices fan out
+            // to each other's subscription cannot deadlock.
+            let row = sqlx::query(
+                "SELECT state FROM subscriptions WHERE sub_id = $1 AND state <> 'deleted' \
+                 FOR NO KEY UPDATE",
+            )
+            .bind(sub_id.as_uuid())
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map)?
+            .ok_or(StoreError::NotFound)?;
+            let state: String = row.try_get("state").map_err(map)?;
+            let raised = sqlx::query(
+                "INSERT INTO subscription_signals AS g (sub_id, kind, detail, raised_at) \
+                 VALUES ($1, $2, $3, now()) \
+                 ON CONFLICT (sub_id, kind) DO UPDATE SET detail = EXCLUDED.detail, raised_at = now() \
+                 WHERE g.detail IS DISTINCT FROM EXCLUDED.detail RETURNING 1",
+            )
+            .bind(sub_id.as_uuid())
+            .bind(kind.as_str())
+            .bind(detail)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map)?
+            .is_some();
+            if !raised {
+                return Ok(false);
+            }
+            if let Some(notice) = &notice {
+                insert_event(&mut tx, &notice.event, &notice.deliveries).await?;
+            }
+            if kind == SignalKind::Disabled && state == "active" {
+                sqlx::query("UPDATE subscriptions SET state = 'disabled', updated_at = now() WHERE sub_id = $1")
+                    .bind(sub_id.as_uuid())
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(map)?;
+                bump_generation(&mut tx).await?;
+            }
+            commit(tx).await?;
+            Ok(true)
+        }))
+        .await
+    }
+
+    async fn lower_signal(&self, sub_id: &SubscriptionId, kind: SignalKind) -> Result<bool> {
+        self.bounded(async {
+            let mut tx = begin(self).await?;
+            let lowered = lower(&mut tx, sub_id, kind).await?;
+            commit(tx).await?;
+            Ok(lowered)
+        })
+        .await
+    }
+
+    async fn raised_signals(&self, kind: Option<SignalKind>) -> Result<Vec<RaisedSignal>> {
+        self.bounded(async {
+            let rows = sqlx::query(
+                "SELECT g.sub_id, g.kind, g.detail, g.raised_at FROM subscription_signals g \
+                 JOIN subscriptions s ON s.sub_id = g.sub_id \
+                 WHERE s.state <> 'deleted' AND ($1::text IS NULL OR g.kind = $1) ORDER BY g.sub_id",
+            )
+            .bind(kind.map(SignalKind::as_str))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map)?;
+            let mut signals = rows.iter().map(rows::raised_signal).collect::<Result<Vec<_>>>()?;
+            // The kinds' own order (the enum's), not their names'.
+            signals.sort_by(|a, b| a.sub_id.as_uuid().cmp(b.sub_id.as_uuid()).then(a.kind.cmp(&b.kind)));
+            Ok(signals)
+        })
+        .await
+    }
+
+    async fn backlogs(&self) -> Result<Vec<Backlog>> {
+        self.bounded(async {
+            // The partial index `deliveries_unfinished` holds exactly these rows.
+            let rows = sqlx::query(
+                "SELECT d.sub_id, count(*) AS n FROM deliveries d \
+                 JOIN subscriptions s ON s.sub_id = d.sub_id \
+                 WHERE d.state IN ('pending', 'inflight') AND s.state <> 'deleted' \
+                 GROUP BY d.sub_id ORDER BY d.sub_id",
+            )
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map)?;
+            rows.iter()
+                .map(|row| {
+                    let n: i64 = row.try_get("n").map_err(map)?;
+                    Ok(Backlog {
+                        sub_id: SubscriptionId::from_uuid(row.try_get("sub_id").map_err(map)?),
+                        unfinished: u64::try_from(n).unwrap_or(0),
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn failing_subscriptions(
+        &self,
+        started_at_or_before: Timestamp,
+    ) -> Result<Vec<SubscriptionId>> {
+        self.bounded(async {
+            let rows = sqlx::query(
+                "SELECT sub_id FROM subscriptions WHERE state = 'active' \
+                 AND failing_since IS NOT NULL AND failing_since <= $1 ORDER BY sub_id",
+            )
+            .bind(started_at_or_before)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map)?;
+            rows.iter()
+                .map(|row| {
+                    Ok(SubscriptionId::from_uuid(
+                        row.try_get("sub_id").map_err(map)?,
+                    ))
+                })
+                .collect()
+        })
+        .await
+    }
+
+    // --- retention and the rollup ---------------------------------------------------
+
+    async fn enforce_retention(&self, policy: &RetentionPolicy) -> Result<RetentionReport> {
+        // Not one deadline for the whole pass: each of its transactions is
+        // bounded on its own, since a pass may drop several days.
+        retention::enforce(self, policy).await
+    }
+
+    async fn daily_stats(
+        &self,
+        sub_id: &SubscriptionId,
+        since_day: NaiveDate,
+    ) -> Result<Vec<DailyStats>> {
+        self.bounded(retention::daily_stats(self, sub_id, since_day))
+            .await
     }
 
     async fn create_token(&self, token: NewToken) -> Result<()> {

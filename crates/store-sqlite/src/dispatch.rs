@@ -10,7 +10,7 @@ use hookd_store::{
     AttemptRecord, ClaimOrder, ClaimRequest, ClaimedDelivery, Delivery, DueDestination,
     DueSubscription, Lease, MAX_SNIPPET_BYTES, NextState, RecordOutcome, Result, StoreError,
 };
-use sqlx::{QueryBuilder, Sqlite};
+use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 use uuid::Uuid;
 
 use crate::SqliteStore;
@@ -245,32 +245,11 @@ pub(crate) async fn record_attempt(
     } = record;
     let mut tx = store.write().await?;
     let now = now_ms();
-    // The attempt happened whether or not we still hold the lease, so its
-    // row is written either way.
-    sqlx::query(
-        "INSERT INTO attempts (delivery_id, number, started_at, duration_ms, status, error_class, response_snippet) \
-         VALUES (?, ?, ?, ?, ?, ?, ?)",
-    )
-    .bind(lease.delivery_id.as_uuid())
-    .bind(i64::from(attempt.number))
-    .bind(to_ms(attempt.started_at))
-    .bind(duration_ms(attempt.duration))
-    .bind(attempt.status.map(i64::from))
-    .bind(attempt.error_class.map(|c| c.as_str()))
-    .bind(attempt.response_snippet.as_deref().map(clip))
-    .execute(&mut *tx)
-    .await
-    .map_err(|e| match e {
-        // The only foreign key is the delivery: it does not exist.
-        sqlx::Error::Database(ref db) if db.is_foreign_key_violation() => StoreError::NotFound,
-        e => from_sqlx(e),
-    })?;
-
-    let (state, next_attempt_at) = match next {
-        NextState::Delivered => ("delivered", None),
-        NextState::Retry { delay } => ("pending", Some(after(now, delay))),
-        NextState::Failed => ("failed", None),
-        NextState::Dead => ("dead", None),
+    let (state, next_attempt_at, outcome) = match next {
+        NextState::Delivered => ("delivered", None, "delivered"),
+        NextState::Retry { delay } => ("pending", Some(after(now, delay)), "retry"),
+        NextState::Failed => ("failed", None, "failed"),
+        NextState::Dead => ("dead", None, "dead"),
     };
     let moved = sqlx::query(
         "UPDATE deliveries SET state = ?, attempt = attempt + 1, last_status = ?, last_error = ?, \
@@ -286,9 +265,53 @@ pub(crate) async fn record_attempt(
     .bind(lease.token)
     .execute(&mut *tx)
     .await
-    .map_err(from_sqlx)?;
+    .map_err(from_sqlx)?
+    .rows_affected()
+        == 1;
+
+    // The attempt happened whether or not we still hold the lease, so its
+    // row is written either way; it keeps the outcome it caused, none when
+    // the lease was lost (the daily rollup counts by it).
+    sqlx::query(
+        "INSERT INTO attempts (delivery_id, number, started_at, duration_ms, status, error_class, \
+         response_snippet, outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(lease.delivery_id.as_uuid())
+    .bind(i64::from(attempt.number))
+    .bind(to_ms(attempt.started_at))
+    .bind(duration_ms(attempt.duration))
+    .bind(attempt.status.map(i64::from))
+    .bind(attempt.error_class.map(|c| c.as_str()))
+    .bind(attempt.response_snippet.as_deref().map(clip))
+    .bind(moved.then_some(outcome))
+    .execute(&mut *tx)
+    .await
+    .map_err(|e| match e {
+        // The only foreign key is the delivery: it does not exist.
+        sqlx::Error::Database(ref db) if db.is_foreign_key_violation() => StoreError::NotFound,
+        e => from_sqlx(e),
+    })?;
+
+    // The failing streak follows every attempt, lease or not. Each
+    // statement writes the row only when the streak changes, so a run of
+    // successes (or of failures) costs no write.
+    let streak = if matches!(next, NextState::Delivered) {
+        sqlx::query(
+            "UPDATE subscriptions SET failing_since = NULL WHERE failing_since IS NOT NULL \
+             AND sub_id = (SELECT sub_id FROM deliveries WHERE delivery_id = ?)",
+        )
+        .bind(lease.delivery_id.as_uuid())
+    } else {
+        sqlx::query(
+            "UPDATE subscriptions SET failing_since = ? WHERE failing_since IS NULL \
+             AND sub_id = (SELECT sub_id FROM deliveries WHERE delivery_id = ?)",
+        )
+        .bind(to_ms(attempt.started_at))
+        .bind(lease.delivery_id.as_uuid())
+    };
+    streak.execute(&mut *tx).await.map_err(from_sqlx)?;
     tx.commit().await.map_err(from_sqlx)?;
-    Ok(if moved.rows_affected() == 1 {
+    Ok(if moved {
         RecordOutcome::Recorded
     } else {
         RecordOutcome::LeaseLost
@@ -386,17 +409,7 @@ pub(crate) async fn replay_delivery(store: &SqliteStore, id: &DeliveryId) -> Res
     // Only finished deliveries move; one already queued or in flight is left
     // as it is (and its lease with it).
     if !matches!(state.as_str(), "pending" | "inflight") {
-        sqlx::query(
-            "UPDATE deliveries SET state = 'pending', next_attempt_at = ?, window_start = ?, \
-             lease_expires = NULL, worker_id = NULL, updated_at = ? WHERE delivery_id = ?",
-        )
-        .bind(now)
-        .bind(now)
-        .bind(now)
-        .bind(id.as_uuid())
-        .execute(&mut *tx)
-        .await
-        .map_err(from_sqlx)?;
+        requeue(&mut tx, id.as_uuid(), now).await?;
     }
     let row = sqlx::query(concat!(
         "SELECT ",
@@ -410,4 +423,22 @@ pub(crate) async fn replay_delivery(store: &SqliteStore, id: &DeliveryId) -> Res
     let (delivery, _) = codec::delivery(&row)?;
     tx.commit().await.map_err(from_sqlx)?;
     Ok(delivery)
+}
+
+/// Queues a finished delivery again, as `replay_delivery` does: pending, due
+/// now, with a fresh retry window; attempt count and history kept. The
+/// caller has checked that it is finished and its subscription not deleted.
+pub(crate) async fn requeue(conn: &mut SqliteConnection, id: &Uuid, now: i64) -> Result<()> {
+    sqlx::query(
+        "UPDATE deliveries SET state = 'pending', next_attempt_at = ?, window_start = ?, \
+         lease_expires = NULL, worker_id = NULL, updated_at = ? WHERE delivery_id = ?",
+    )
+    .bind(now)
+    .bind(now)
+    .bind(now)
+    .bind(id)
+    .execute(conn)
+    .await
+    .map_err(from_sqlx)?;
+    Ok(())
 }

@@ -2,7 +2,7 @@
 
 use hookd_domain::EventId;
 use hookd_store::{Accepted, Event, NewDelivery, NewEvent, Result, StoreError};
-use sqlx::{QueryBuilder, Sqlite};
+use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 use uuid::Uuid;
 
 use crate::SqliteStore;
@@ -23,16 +23,34 @@ pub(crate) async fn accept_event(
     // and "take it" cannot interleave with another ingest: of N concurrent
     // calls with one key, the first creates and the rest see its event.
     let mut tx = store.write().await?;
-    let now = now_ms();
+    let accepted = accept_in(&mut tx, now_ms(), &event, &deliveries).await?;
+    if accepted.duplicate {
+        // Dropping the transaction rolls it back: nothing was written.
+        return Ok(accepted);
+    }
+    tx.commit().await.map_err(from_sqlx)?;
+    Ok(accepted)
+}
+
+/// Accepts an event and its deliveries inside the caller's write
+/// transaction (`accept_event`'s body; a raised signal's notice goes through
+/// it too). With a taken idempotency key it writes nothing and returns the
+/// existing event with `duplicate: true`. An error leaves partial writes
+/// in the transaction: the caller must drop it.
+pub(crate) async fn accept_in(
+    conn: &mut SqliteConnection,
+    now: i64,
+    event: &NewEvent,
+    deliveries: &[NewDelivery],
+) -> Result<Accepted> {
     if let Some(key) = &event.idempotency_key {
         let existing: Option<Uuid> =
             sqlx::query_scalar("SELECT event_id FROM events WHERE idempotency_key = ?")
                 .bind(key)
-                .fetch_optional(&mut *tx)
+                .fetch_optional(&mut *conn)
                 .await
                 .map_err(from_sqlx)?;
         if let Some(id) = existing {
-            // Dropping the transaction rolls it back: nothing was written.
             return Ok(Accepted {
                 event_id: EventId::from_uuid(id),
                 duplicate: true,
@@ -49,7 +67,7 @@ pub(crate) async fn accept_event(
     .bind(event.idempotency_key.as_deref())
     .bind(event.customer_id.as_ref().map(|c| c.as_str()))
     .bind(now)
-    .execute(&mut *tx)
+    .execute(&mut *conn)
     .await
     .map_err(from_sqlx)?;
 
@@ -74,10 +92,10 @@ pub(crate) async fn accept_event(
                 .push_bind(now);
         });
         // A failure here (an unknown subscription, a repeated (event,
-        // subscription) pair) drops `tx`, rolling back the event row too.
-        q.build().execute(&mut *tx).await.map_err(from_sqlx)?;
+        // subscription) pair) makes the caller drop its transaction,
+        // rolling back the event row too.
+        q.build().execute(&mut *conn).await.map_err(from_sqlx)?;
     }
-    tx.commit().await.map_err(from_sqlx)?;
     Ok(Accepted {
         event_id: event.id,
         duplicate: false,

@@ -28,8 +28,10 @@
 //! one process share the lock (see `process_lock`).
 //!
 //! # Layout
-//! - `subscriptions`, `ingest`, `dispatch`, `reading`, `tokens`: the trait's
-//!   operations, grouped as the trait groups them.
+//! - `subscriptions`, `ingest`, `dispatch`, `reading`, `jobs` (bulk replay),
+//!   `signals` (with backlogs and failing streaks), `retention` (with the
+//!   daily rollup), `tokens`: the trait's operations, grouped as the trait
+//!   groups them.
 //! - `codec`: between SQLite values and domain types.
 //! - `process_lock`: the one-process-per-file lock.
 //! - `error`: sqlx failures as [`StoreError`].
@@ -44,8 +46,11 @@ mod codec;
 mod dispatch;
 mod error;
 mod ingest;
+mod jobs;
 mod process_lock;
 mod reading;
+mod retention;
+mod signals;
 mod subscriptions;
 mod tokens;
 
@@ -56,12 +61,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use hookd_domain::{DeliveryId, EventId, SubscriptionId, Timestamp};
+use hookd_domain::{DeliveryId, EventId, JobId, SubscriptionId, Timestamp};
 use hookd_store::{
-    Accepted, AttemptRecord, ClaimRequest, ClaimedDelivery, Delivery, DeliveryDetail,
-    DeliveryQuery, DueDestination, Event, Lease, NewDelivery, NewEvent, NewSubscription, NewToken,
-    RecordOutcome, Result, Store, StoreError, Subscription, SubscriptionHealth, SubscriptionPatch,
-    SubscriptionQuery, TokenScope,
+    Accepted, AttemptRecord, Backlog, ClaimRequest, ClaimedDelivery, DailyStats, Delivery,
+    DeliveryDetail, DeliveryQuery, DueDestination, Event, JobStep, Lease, NewDelivery, NewEvent,
+    NewReplayJob, NewSubscription, NewToken, Notice, RaisedSignal, RecordOutcome, ReplayJob,
+    Result, RetentionPolicy, RetentionReport, SignalKind, Store, StoreError, Subscription,
+    SubscriptionHealth, SubscriptionPatch, SubscriptionQuery, TokenScope,
 };
 use sqlx::migrate::{AppliedMigration, Migrate, MigrateError, Migrator};
 use sqlx::sqlite::{
@@ -384,6 +390,67 @@ impl Store for SqliteStore {
         since: Timestamp,
     ) -> Result<SubscriptionHealth> {
         reading::subscription_health(self, sub_id, since).await
+    }
+
+    async fn create_replay_job(&self, new: NewReplayJob) -> Result<ReplayJob> {
+        jobs::create(self, new).await
+    }
+
+    async fn get_replay_job(&self, id: &JobId) -> Result<ReplayJob> {
+        jobs::get_job(self, id).await
+    }
+
+    async fn cancel_replay_job(&self, id: &JobId) -> Result<ReplayJob> {
+        jobs::cancel(self, id).await
+    }
+
+    async fn running_replay_jobs(&self, limit: u32) -> Result<Vec<ReplayJob>> {
+        jobs::running(self, limit).await
+    }
+
+    async fn step_replay_job(&self, id: &JobId, window: u32) -> Result<JobStep> {
+        jobs::step(self, id, window).await
+    }
+
+    async fn raise_signal(
+        &self,
+        sub_id: &SubscriptionId,
+        kind: SignalKind,
+        detail: &str,
+        notice: Option<Notice>,
+    ) -> Result<bool> {
+        signals::raise(self, sub_id, kind, detail, notice).await
+    }
+
+    async fn lower_signal(&self, sub_id: &SubscriptionId, kind: SignalKind) -> Result<bool> {
+        signals::lower(self, sub_id, kind).await
+    }
+
+    async fn raised_signals(&self, kind: Option<SignalKind>) -> Result<Vec<RaisedSignal>> {
+        signals::raised(self, kind).await
+    }
+
+    async fn backlogs(&self) -> Result<Vec<Backlog>> {
+        signals::backlogs(self).await
+    }
+
+    async fn failing_subscriptions(
+        &self,
+        started_at_or_before: Timestamp,
+    ) -> Result<Vec<SubscriptionId>> {
+        signals::failing(self, started_at_or_before).await
+    }
+
+    async fn enforce_retention(&self, policy: &RetentionPolicy) -> Result<RetentionReport> {
+        retention::enforce(self, policy).await
+    }
+
+    async fn daily_stats(
+        &self,
+        sub_id: &SubscriptionId,
+        since_day: chrono::NaiveDate,
+    ) -> Result<Vec<DailyStats>> {
+        retention::daily_stats(self, sub_id, since_day).await
     }
 
     async fn create_token(&self, token: NewToken) -> Result<()> {

@@ -165,6 +165,7 @@ pub(crate) async fn subscription_health(
     .fetch_all(&mut *tx)
     .await
     .map_err(from_sqlx)?;
+    let signals = crate::signals::of(&mut tx, &sub).await?;
     tx.commit().await.map_err(from_sqlx)?;
 
     let mut attempts = Vec::with_capacity(rows.len());
@@ -187,6 +188,7 @@ pub(crate) async fn subscription_health(
         dead_count: count(dead)?,
         oldest_dead_at: oldest_dead.map(|t| from_ms(t, "updated_at")).transpose()?,
         attempts,
+        signals,
     })
 }
 

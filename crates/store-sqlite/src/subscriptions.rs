@@ -2,8 +2,10 @@
 //! generation counter that tells ingest its fan-out index is stale.
 
 use hookd_domain::SubscriptionId;
+use hookd_domain::subscription::SubscriptionState;
 use hookd_store::{
-    NewSubscription, Result, StoreError, Subscription, SubscriptionPatch, SubscriptionQuery,
+    NewSubscription, Result, SignalKind, StoreError, Subscription, SubscriptionPatch,
+    SubscriptionQuery,
 };
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection, SqliteExecutor};
 
@@ -16,7 +18,7 @@ use crate::error::from_sqlx;
 pub(crate) const DELETED: &str = "subscription deleted";
 
 /// One subscription that is not deleted.
-async fn fetch<'e>(
+pub(crate) async fn fetch<'e>(
     ex: impl SqliteExecutor<'e>,
     id: &SubscriptionId,
 ) -> Result<Option<Subscription>> {
@@ -34,7 +36,7 @@ async fn fetch<'e>(
 
 /// Bumped inside every subscription write transaction, so the change and the
 /// new generation become visible together.
-async fn bump_generation(conn: &mut SqliteConnection) -> Result<()> {
+pub(crate) async fn bump_generation(conn: &mut SqliteConnection) -> Result<()> {
     sqlx::query("UPDATE meta SET value = value + 1 WHERE key = 'subscription_generation'")
         .execute(conn)
         .await
@@ -162,6 +164,11 @@ pub(crate) async fn update(
     set(&mut sub.keys, keys);
     set(&mut sub.ordered, ordered);
     set(&mut sub.retry_policy, retry_policy);
+    // Enabling a disabled subscription lowers its Disabled signal and ends
+    // its failing streak in this transaction: a later automatic disable is
+    // announced again, and counts its period from the re-enabling.
+    let enabling =
+        state == Some(SubscriptionState::Active) && sub.state == SubscriptionState::Disabled;
     set(&mut sub.state, state);
     set(&mut sub.rate_limit, rate_limit);
     set(&mut sub.max_concurrency, max_concurrency);
@@ -193,6 +200,19 @@ pub(crate) async fn update(
     .await
     .map_err(from_sqlx)?;
     bump_generation(&mut tx).await?;
+    if enabling {
+        sqlx::query("DELETE FROM subscription_signals WHERE sub_id = ? AND kind = ?")
+            .bind(id.as_uuid())
+            .bind(SignalKind::Disabled.as_str())
+            .execute(&mut *tx)
+            .await
+            .map_err(from_sqlx)?;
+        sqlx::query("UPDATE subscriptions SET failing_since = NULL WHERE sub_id = ?")
+            .bind(id.as_uuid())
+            .execute(&mut *tx)
+            .await
+            .map_err(from_sqlx)?;
+    }
     let updated = fetch(&mut *tx, id).await?.ok_or(StoreError::NotFound)?;
     tx.commit().await.map_err(from_sqlx)?;
     Ok(updated)

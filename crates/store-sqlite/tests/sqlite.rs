@@ -231,3 +231,115 @@ async fn oversized_snippets_are_cut_on_a_character_boundary() {
     assert_eq!(kept.len(), 1023);
     assert!(snippet.starts_with(&kept));
 }
+
+/// Row-level retention: each call removes at most `batch` rows of each
+/// table, a delivery only once all its attempts are gone, and says `more`
+/// while a batch came back full.
+#[tokio::test]
+async fn retention_deletes_at_most_a_batch_of_each_table_per_call() {
+    let (store, _dir) = fresh().await;
+    let sub = store
+        .create_subscription(new_sub("retain.example", None))
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let d = NewDelivery {
+            id: DeliveryId::new(),
+            sub_id: sub.id,
+            destination_host: "retain.example".into(),
+        };
+        ids.push(d.id);
+        store
+            .accept_event(new_event("order.created", None), vec![d])
+            .await
+            .unwrap();
+        // Two attempts each: a retry, then delivered.
+        for (number, next) in [
+            (
+                1,
+                NextState::Retry {
+                    delay: Duration::ZERO,
+                },
+            ),
+            (2, NextState::Delivered),
+        ] {
+            let claimed = store
+                .claim_due(&ClaimRequest {
+                    worker_id: "w".into(),
+                    destination: "retain.example".into(),
+                    subscription: None,
+                    order: ClaimOrder::OldestFirst,
+                    limit: 1,
+                    lease: Duration::from_secs(60),
+                })
+                .await
+                .unwrap();
+            let record = AttemptRecord {
+                lease: claimed[0].lease,
+                attempt: Attempt {
+                    number,
+                    started_at: chrono::Utc::now(),
+                    duration: Duration::from_millis(u64::from(number) * 10),
+                    status: Some(if number == 1 { 500 } else { 200 }),
+                    error_class: None,
+                    response_snippet: None,
+                },
+                next,
+                last_error: None,
+            };
+            store.record_attempt(record).await.unwrap();
+        }
+    }
+    let since = chrono::Utc::now().date_naive() - chrono::Days::new(1);
+    let stats = store.daily_stats(&sub.id, since).await.unwrap();
+    assert_eq!(stats.len(), 1);
+    assert_eq!(
+        (
+            stats[0].attempts,
+            stats[0].delivered,
+            &stats[0].latency_ms[..]
+        ),
+        (6, 3, &[(10, 3), (20, 3)][..])
+    );
+
+    let later = chrono::Utc::now() + chrono::Duration::days(1);
+    let policy = hookd_store::RetentionPolicy {
+        deliveries_before: later,
+        events_before: later,
+        batch: 1,
+    };
+    let first = store.enforce_retention(&policy).await.unwrap();
+    assert_eq!(
+        (first.deliveries, first.attempts, first.events, first.more),
+        (0, 1, 0, true),
+        "one attempt; its delivery keeps another, and keeps its event"
+    );
+    let mut reports = vec![first];
+    while reports.last().unwrap().more {
+        let r = store.enforce_retention(&policy).await.unwrap();
+        assert!(
+            r.deliveries <= 1 && r.attempts <= 1 && r.events <= 1,
+            "{r:?}"
+        );
+        reports.push(r);
+        assert!(reports.len() < 50);
+    }
+    let sum = |f: fn(&hookd_store::RetentionReport) -> u64| reports.iter().map(f).sum::<u64>();
+    assert_eq!(
+        (
+            sum(|r| r.deliveries),
+            sum(|r| r.attempts),
+            sum(|r| r.events)
+        ),
+        (3, 6, 3)
+    );
+    assert!(reports.len() >= 6, "{reports:?}");
+    for id in &ids {
+        assert!(matches!(
+            store.get_delivery(id).await,
+            Err(StoreError::NotFound)
+        ));
+    }
+    assert_eq!(store.daily_stats(&sub.id, since).await.unwrap(), stats);
+}

@@ -16,7 +16,7 @@ use hookd_domain::destination::DestinationUrl;
 use hookd_domain::event_type::{EventType, EventTypePattern};
 use hookd_domain::signing::SigningSecret;
 use hookd_domain::subscription::{RetryPolicy, SigningKeys, SubscriptionState};
-use hookd_domain::{CustomerId, DeliveryId, EventId, SubscriptionId, Timestamp};
+use hookd_domain::{CustomerId, DeliveryId, EventId, JobId, SubscriptionId, Timestamp};
 
 use crate::*;
 
@@ -84,6 +84,29 @@ macro_rules! conformance_tests {
             subscription_health_of_a_missing_or_deleted_subscription_is_not_found,
             tokens_are_found_by_hash,
             missing_records_are_not_found,
+            a_replay_job_fixes_its_items_and_exact_total,
+            a_replay_job_with_no_items_completes_on_its_first_step,
+            stepping_a_replay_job_requeues_a_window_in_delivery_order_and_settles_as_deliveries_finish,
+            a_window_of_zero_only_settles,
+            a_replay_job_waits_for_a_delivery_already_queued_and_skips_one_that_left_its_states,
+            overlapping_replay_jobs_never_requeue_one_delivery_twice,
+            a_cancelled_replay_job_stops_requeuing_and_freezes_its_counts,
+            replay_job_items_of_a_deleted_subscription_are_skipped_or_settled,
+            replay_jobs_of_missing_jobs_or_subscriptions_are_not_found,
+            running_replay_jobs_lists_running_jobs_oldest_first,
+            a_signal_is_raised_once_per_detail_with_its_notice,
+            concurrent_raises_of_one_signal_raise_it_once_and_accept_one_notice,
+            raising_disabled_disables_the_subscription_and_reenabling_lowers_it,
+            lowering_a_signal_says_whether_it_was_raised,
+            raised_signals_filter_by_kind_and_omit_deleted_subscriptions,
+            raising_a_signal_for_a_missing_or_deleted_subscription_is_not_found,
+            backlogs_count_unfinished_deliveries_of_live_subscriptions,
+            a_failing_streak_starts_at_the_first_failure_and_ends_at_a_delivery,
+            failing_streaks_count_attempts_whose_lease_was_lost,
+            daily_stats_count_attempts_by_day_and_the_outcome_they_caused,
+            retention_removes_finished_deliveries_and_folds_their_attempts_into_the_rollup,
+            retention_never_removes_unfinished_deliveries_or_the_events_they_need,
+            retention_in_small_batches_says_when_more_is_due,
         );
     };
     (@each $make:path; $($name:ident),* $(,)?) => {
@@ -2472,6 +2495,7 @@ pub async fn subscription_health_of_a_quiet_subscription_is_empty(store: Arc<dyn
             dead_count: 0,
             oldest_dead_at: None,
             attempts: vec![],
+            signals: vec![],
         }
     );
 }
@@ -2552,4 +2576,1600 @@ pub async fn missing_records_are_not_found(store: Arc<dyn Store>) {
     store.ping().await.unwrap();
     store.migrate().await.unwrap();
     store.migrate().await.unwrap();
+}
+
+// --- bulk replay jobs --------------------------------------------------------
+
+/// Now, on the caller's clock, cut to whole seconds so it round-trips
+/// through any backend's time precision.
+fn whole_second(t: Timestamp) -> Timestamp {
+    use chrono::SubsecRound;
+    t.trunc_subsecs(0)
+}
+
+/// A job over all of `sub`'s deliveries of the last day (and the next), in
+/// `states`.
+fn job_for(sub: &Subscription, states: &[DeliveryState]) -> NewReplayJob {
+    let now = whole_second(chrono::Utc::now());
+    NewReplayJob {
+        id: JobId::new(),
+        sub_id: sub.id,
+        since: now - chrono::Duration::days(1),
+        until: now + chrono::Duration::days(1),
+        event_types: vec![],
+        states: states.to_vec(),
+    }
+}
+
+/// Accepts one event of type `ty` fanned out to `sub` only.
+async fn ingest_one(store: &Arc<dyn Store>, sub: &Subscription, ty: &str) -> DeliveryId {
+    let d = delivery_to(sub);
+    let id = d.id;
+    store
+        .accept_event(new_event(ty, None), vec![d])
+        .await
+        .unwrap();
+    id
+}
+
+/// Claims `sub`'s due deliveries (all of them) and returns them by id.
+async fn claim_all_of(store: &Arc<dyn Store>, sub: &Subscription) -> Vec<ClaimedDelivery> {
+    let mut got = store
+        .claim_due(&sub_claim_req(sub, ClaimOrder::OldestFirst, 100))
+        .await
+        .unwrap();
+    got.sort_by_key(|c| c.delivery.id);
+    got
+}
+
+/// Ingests one event of type `ty` to `sub` (which must have nothing else
+/// due) and takes its delivery through one claim per ending in `endings`:
+/// `(status, next)`, the last of which should finish it.
+async fn delivery_ending(
+    store: &Arc<dyn Store>,
+    sub: &Subscription,
+    ty: &str,
+    endings: &[(u16, NextState)],
+) -> DeliveryId {
+    let id = ingest_one(store, sub, ty).await;
+    for (status, next) in endings {
+        let claimed = claim_all_of(store, sub).await;
+        assert_eq!(
+            claimed.iter().map(|c| c.delivery.id).collect::<Vec<_>>(),
+            [id]
+        );
+        finish(store, &claimed[0], *status, next.clone()).await;
+    }
+    id
+}
+
+/// `n` dead deliveries of `sub`, in id order.
+async fn dead_deliveries(store: &Arc<dyn Store>, sub: &Subscription, n: usize) -> Vec<DeliveryId> {
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        ids.push(delivery_ending(store, sub, "order.created", &[(500, NextState::Dead)]).await);
+    }
+    ids.sort();
+    ids
+}
+
+async fn state_of(store: &Arc<dyn Store>, id: &DeliveryId) -> DeliveryState {
+    store.get_delivery(id).await.unwrap().delivery.state
+}
+
+async fn states_of(store: &Arc<dyn Store>, ids: &[DeliveryId]) -> Vec<DeliveryState> {
+    let mut out = Vec::new();
+    for id in ids {
+        out.push(state_of(store, id).await);
+    }
+    out
+}
+
+/// A job's `(done, failed, skipped, requeued)`, after checking that its
+/// counts add up.
+fn progress(job: &ReplayJob) -> (u64, u64, u64, u64) {
+    let settled = job.done + job.failed + job.skipped + job.requeued;
+    assert!(settled <= job.total, "counts exceed the total: {job:?}");
+    (job.done, job.failed, job.skipped, job.requeued)
+}
+
+/// Steps `job` with `window` and returns what the step re-queued and the job.
+async fn step(store: &Arc<dyn Store>, job: &JobId, window: u32) -> (u32, ReplayJob) {
+    let s = store.step_replay_job(job, window).await.unwrap();
+    assert_eq!(
+        store.get_replay_job(job).await.unwrap(),
+        s.job,
+        "the step returns the stored job"
+    );
+    (s.requeued, s.job)
+}
+
+pub async fn a_replay_job_fixes_its_items_and_exact_total(store: Arc<dyn Store>) {
+    use DeliveryState::{Dead, Delivered, Failed};
+    let a = store
+        .create_subscription(new_sub("job-a.example", None))
+        .await
+        .unwrap();
+    let other = store
+        .create_subscription(new_sub("job-other.example", None))
+        .await
+        .unwrap();
+    // Another subscription's dead delivery is never an item.
+    dead_deliveries(&store, &other, 1).await;
+    let old = delivery_ending(&store, &a, "order.created", &[(500, NextState::Dead)]).await;
+    let old_created = store.get_delivery(&old).await.unwrap().delivery.created_at;
+    until_store_clock_passes(&store, old_created).await;
+    let delivered =
+        delivery_ending(&store, &a, "order.created", &[(200, NextState::Delivered)]).await;
+    let failed = delivery_ending(&store, &a, "order.created", &[(400, NextState::Failed)]).await;
+    let dead = delivery_ending(&store, &a, "invoice.paid", &[(500, NextState::Dead)]).await;
+    // Unfinished (waiting to retry): never an item of a job over finished
+    // states.
+    let retry = NextState::Retry { delay: LONG };
+    delivery_ending(&store, &a, "invoice.paid", &[(503, retry)]).await;
+    let second_created = store
+        .get_delivery(&delivered)
+        .await
+        .unwrap()
+        .delivery
+        .created_at;
+    let finished = [Delivered, Failed, Dead];
+
+    let new = job_for(&a, &finished);
+    let job = store.create_replay_job(new.clone()).await.unwrap();
+    assert_eq!(job.id, new.id);
+    assert_eq!(job.sub_id, a.id);
+    assert_eq!(job.since, new.since);
+    assert_eq!(job.until, new.until);
+    assert_eq!(job.event_types, Vec::<EventType>::new());
+    assert_eq!(job.states, finished);
+    assert_eq!(job.state, JobState::Running);
+    assert_eq!(job.total, 4, "old, delivered, failed, dead: {job:?}");
+    assert_eq!(progress(&job), (0, 0, 0, 0));
+    assert_eq!(job.finished_at, None);
+    assert_eq!(store.get_replay_job(&job.id).await.unwrap(), job);
+
+    let total = |new: NewReplayJob| {
+        let store = store.clone();
+        async move { store.create_replay_job(new).await.unwrap().total }
+    };
+    // By state.
+    let only_dead = job_for(&a, &[Dead]);
+    assert_eq!(total(only_dead.clone()).await, 2, "old and dead");
+    // By event type (exact types).
+    let mut by_type = job_for(&a, &finished);
+    by_type.event_types = vec![EventType::parse("invoice.paid").unwrap()];
+    assert_eq!(total(by_type).await, 1, "only dead is an invoice.paid");
+    let mut both_types = job_for(&a, &[Dead]);
+    both_types.event_types = vec![
+        EventType::parse("invoice.paid").unwrap(),
+        EventType::parse("order.created").unwrap(),
+    ];
+    assert_eq!(total(both_types).await, 2);
+    // `since` is inclusive…
+    let mut since = job_for(&a, &finished);
+    since.since = second_created;
+    assert_eq!(total(since).await, 3, "delivered, failed, dead");
+    // …and `until` exclusive.
+    let mut until = job_for(&a, &finished);
+    until.until = second_created;
+    assert_eq!(total(until).await, 1, "old only");
+
+    // The items were fixed at creation: a delivery that dies later is not
+    // one of them.
+    let late = delivery_ending(&store, &a, "order.created", &[(500, NextState::Dead)]).await;
+    let (requeued, stepped) = step(&store, &only_dead.id, 10).await;
+    assert_eq!(requeued, 2);
+    assert_eq!(stepped.total, 2);
+    assert_eq!(progress(&stepped), (0, 0, 0, 2));
+    assert_eq!(state_of(&store, &old).await, DeliveryState::Pending);
+    assert_eq!(state_of(&store, &dead).await, DeliveryState::Pending);
+    assert_eq!(state_of(&store, &late).await, Dead, "not an item");
+    assert_eq!(state_of(&store, &failed).await, Failed, "not in its states");
+}
+
+pub async fn a_replay_job_with_no_items_completes_on_its_first_step(store: Arc<dyn Store>) {
+    let a = store
+        .create_subscription(new_sub("job-empty.example", None))
+        .await
+        .unwrap();
+    // Dead, but outside the job's window.
+    let d = dead_deliveries(&store, &a, 1).await;
+    let mut new = job_for(&a, &[DeliveryState::Dead]);
+    new.until = new.since;
+    new.since -= chrono::Duration::days(1);
+    let job = store.create_replay_job(new).await.unwrap();
+    assert_eq!(job.total, 0);
+    assert_eq!(job.state, JobState::Running);
+    let (requeued, job) = step(&store, &job.id, 10).await;
+    assert_eq!(requeued, 0);
+    assert_eq!(job.state, JobState::Completed);
+    assert!(job.finished_at.is_some());
+    assert_eq!(progress(&job), (0, 0, 0, 0));
+    assert_eq!(state_of(&store, &d[0]).await, DeliveryState::Dead);
+    // A job that is not running is returned as it is.
+    let again = store.step_replay_job(&job.id, 10).await.unwrap();
+    assert_eq!(again.job, job);
+    assert_eq!(again.requeued, 0);
+}
+
+pub async fn stepping_a_replay_job_requeues_a_window_in_delivery_order_and_settles_as_deliveries_finish(
+    store: Arc<dyn Store>,
+) {
+    use DeliveryState::{Dead, Delivered, Failed, Pending};
+    let a = store
+        .create_subscription(new_sub("job-step.example", None))
+        .await
+        .unwrap();
+    let d = dead_deliveries(&store, &a, 5).await;
+    let job = store
+        .create_replay_job(job_for(&a, &[Dead, Failed]))
+        .await
+        .unwrap();
+    assert_eq!(job.total, 5);
+
+    // The first window, in delivery id order, replayed as replay_delivery
+    // does: pending, due now, attempts and history kept.
+    let before = store.get_delivery(&d[0]).await.unwrap();
+    let (requeued, job) = step(&store, &job.id, 2).await;
+    assert_eq!(requeued, 2);
+    assert_eq!(progress(&job), (0, 0, 0, 2));
+    assert_eq!(
+        states_of(&store, &d).await,
+        [Pending, Pending, Dead, Dead, Dead]
+    );
+    let after = store.get_delivery(&d[0]).await.unwrap();
+    assert_eq!(after.delivery.attempt, before.delivery.attempt);
+    assert_eq!(after.attempts, before.attempts);
+    assert!(after.delivery.window_start >= before.delivery.window_start);
+
+    // The window is full: nothing more until those settle.
+    let (requeued, job) = step(&store, &job.id, 2).await;
+    assert_eq!(requeued, 0);
+    assert_eq!(progress(&job), (0, 0, 0, 2));
+
+    let claimed = claim_all_of(&store, &a).await;
+    assert_eq!(
+        claimed.iter().map(|c| c.delivery.id).collect::<Vec<_>>(),
+        d[..2]
+    );
+    assert_eq!(claimed[0].delivery.attempt, 1, "attempts continue");
+    finish(&store, &claimed[0], 200, NextState::Delivered).await;
+    finish(&store, &claimed[1], 500, NextState::Dead).await;
+    // Settled: one done, one failed; the next window goes out.
+    let (requeued, job) = step(&store, &job.id, 2).await;
+    assert_eq!(requeued, 2);
+    assert_eq!(progress(&job), (1, 1, 0, 2));
+    assert_eq!(
+        states_of(&store, &d).await,
+        [Delivered, Dead, Pending, Pending, Dead]
+    );
+
+    // A retry is not finished: its item stays re-queued.
+    let claimed = claim_all_of(&store, &a).await;
+    assert_eq!(
+        claimed.iter().map(|c| c.delivery.id).collect::<Vec<_>>(),
+        d[2..4]
+    );
+    finish(&store, &claimed[0], 200, NextState::Delivered).await;
+    finish(
+        &store,
+        &claimed[1],
+        503,
+        NextState::Retry {
+            delay: Duration::ZERO,
+        },
+    )
+    .await;
+    let (requeued, job) = step(&store, &job.id, 2).await;
+    assert_eq!(requeued, 1, "one slot freed");
+    assert_eq!(progress(&job), (2, 1, 0, 2));
+    assert_eq!(job.state, JobState::Running);
+
+    assert_eq!(
+        store.running_replay_jobs(10).await.unwrap(),
+        std::slice::from_ref(&job)
+    );
+
+    // The last two finish (`failed` counts as failed); the job completes.
+    let claimed = claim_all_of(&store, &a).await;
+    assert_eq!(
+        claimed.iter().map(|c| c.delivery.id).collect::<Vec<_>>(),
+        d[3..]
+    );
+    finish(&store, &claimed[0], 200, NextState::Delivered).await;
+    finish(&store, &claimed[1], 410, NextState::Failed).await;
+    let (requeued, job) = step(&store, &job.id, 2).await;
+    assert_eq!(requeued, 0);
+    assert_eq!(progress(&job), (3, 2, 0, 0));
+    assert_eq!(job.state, JobState::Completed);
+    assert!(job.finished_at.is_some());
+    assert!(store.running_replay_jobs(10).await.unwrap().is_empty());
+    // Ended: stepping changes nothing.
+    let again = store.step_replay_job(&job.id, 2).await.unwrap();
+    assert_eq!((again.requeued, again.job), (0, job));
+}
+
+pub async fn a_window_of_zero_only_settles(store: Arc<dyn Store>) {
+    use DeliveryState::{Dead, Delivered, Pending};
+    let a = store
+        .create_subscription(new_sub("job-hold.example", None))
+        .await
+        .unwrap();
+    let d = dead_deliveries(&store, &a, 3).await;
+    let job = store.create_replay_job(job_for(&a, &[Dead])).await.unwrap();
+    let (requeued, job) = step(&store, &job.id, 0).await;
+    assert_eq!(requeued, 0);
+    assert_eq!(progress(&job), (0, 0, 0, 0));
+    assert_eq!(states_of(&store, &d).await, [Dead, Dead, Dead]);
+
+    let (requeued, job) = step(&store, &job.id, 1).await;
+    assert_eq!(requeued, 1);
+    let c = claim_one(&store, "job-hold.example").await;
+    finish(&store, &c, 200, NextState::Delivered).await;
+    // Held: the finished delivery is settled, nothing new goes out.
+    let (requeued, job) = step(&store, &job.id, 0).await;
+    assert_eq!(requeued, 0);
+    assert_eq!(progress(&job), (1, 0, 0, 0));
+    assert_eq!(job.state, JobState::Running);
+    assert_eq!(states_of(&store, &d).await, [Delivered, Dead, Dead]);
+    // Released: the rest go out.
+    let (requeued, job) = step(&store, &job.id, 5).await;
+    assert_eq!(requeued, 2);
+    assert_eq!(progress(&job), (1, 0, 0, 2));
+    assert_eq!(states_of(&store, &d).await, [Delivered, Pending, Pending]);
+}
+
+/// The contract's "left alone and the item waits": an item whose delivery
+/// is `pending` or `inflight` already is not re-queued, holds no slot of
+/// the window and does not hold up the items behind it; it stays queued,
+/// and its turn comes again at a later step, when its delivery is judged
+/// afresh (re-queued if it is in the job's states again, skipped if not).
+pub async fn a_replay_job_waits_for_a_delivery_already_queued_and_skips_one_that_left_its_states(
+    store: Arc<dyn Store>,
+) {
+    use DeliveryState::{Dead, Delivered, Pending};
+    let a = store
+        .create_subscription(new_sub("job-wait.example", None))
+        .await
+        .unwrap();
+    let d = dead_deliveries(&store, &a, 3).await;
+    let job = store.create_replay_job(job_for(&a, &[Dead])).await.unwrap();
+    // Someone replays the first by hand.
+    let queued = store.replay_delivery(&d[0]).await.unwrap();
+    let (requeued, job) = step(&store, &job.id, 2).await;
+    assert_eq!(requeued, 2, "the two behind it");
+    assert_eq!(progress(&job), (0, 0, 0, 2));
+    assert_eq!(
+        store.get_delivery(&d[0]).await.unwrap().delivery,
+        queued,
+        "left alone"
+    );
+    assert_eq!(states_of(&store, &d).await, [Pending, Pending, Pending]);
+
+    let claimed = claim_all_of(&store, &a).await;
+    assert_eq!(claimed.len(), 3, "each delivery once");
+    finish(&store, &claimed[0], 200, NextState::Delivered).await;
+    finish(&store, &claimed[1], 200, NextState::Delivered).await;
+    finish(&store, &claimed[2], 500, NextState::Dead).await;
+    // The hand replay delivered the first: no longer dead, so skipped.
+    let (requeued, job) = step(&store, &job.id, 2).await;
+    assert_eq!(requeued, 0);
+    assert_eq!(progress(&job), (1, 1, 1, 0));
+    assert_eq!(job.state, JobState::Completed);
+    assert_eq!(states_of(&store, &d).await, [Delivered, Delivered, Dead]);
+}
+
+pub async fn overlapping_replay_jobs_never_requeue_one_delivery_twice(store: Arc<dyn Store>) {
+    use DeliveryState::{Dead, Inflight, Pending};
+    let a = store
+        .create_subscription(new_sub("job-overlap.example", None))
+        .await
+        .unwrap();
+    let d = dead_deliveries(&store, &a, 3).await;
+    let j1 = store.create_replay_job(job_for(&a, &[Dead])).await.unwrap();
+    let j2 = store.create_replay_job(job_for(&a, &[Dead])).await.unwrap();
+    assert_eq!((j1.total, j2.total), (3, 3));
+
+    // Both step at once: between them each delivery is re-queued once.
+    let steps: Vec<_> = [j1.id, j2.id]
+        .into_iter()
+        .map(|id| {
+            let store = store.clone();
+            tokio::spawn(async move { store.step_replay_job(&id, 3).await.unwrap() })
+        })
+        .collect();
+    let steps: Vec<JobStep> = futures::future::join_all(steps)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
+    assert_eq!(steps[0].requeued + steps[1].requeued, 3, "{steps:?}");
+    assert_eq!(steps[0].job.requeued + steps[1].job.requeued, 3);
+    assert_eq!(states_of(&store, &d).await, [Pending, Pending, Pending]);
+
+    // In flight: still left alone by both.
+    let claimed = claim_all_of(&store, &a).await;
+    assert_eq!(claimed.len(), 3);
+    for id in [j1.id, j2.id] {
+        let (requeued, _) = step(&store, &id, 3).await;
+        assert_eq!(requeued, 0);
+    }
+    assert_eq!(states_of(&store, &d).await, [Inflight, Inflight, Inflight]);
+    for c in &claimed {
+        assert!(
+            store.renew_lease(&c.lease, LONG).await.unwrap(),
+            "leases undisturbed"
+        );
+        finish(&store, c, 200, NextState::Delivered).await;
+    }
+
+    // Each job counts what it re-sent as done, and skips what the other
+    // re-sent (delivered now, so out of its states).
+    let (_, j1) = step(&store, &j1.id, 3).await;
+    let (_, j2) = step(&store, &j2.id, 3).await;
+    assert_eq!(j1.state, JobState::Completed);
+    assert_eq!(j2.state, JobState::Completed);
+    assert_eq!(j1.done + j2.done, 3);
+    assert_eq!((j1.skipped, j2.skipped), (j2.done, j1.done));
+    assert_eq!(
+        (j1.failed, j2.failed, j1.requeued, j2.requeued),
+        (0, 0, 0, 0)
+    );
+    for c in &claimed {
+        assert_eq!(
+            store
+                .get_delivery(&c.delivery.id)
+                .await
+                .unwrap()
+                .attempts
+                .len(),
+            2,
+            "one attempt when it died, one replay"
+        );
+    }
+}
+
+pub async fn a_cancelled_replay_job_stops_requeuing_and_freezes_its_counts(store: Arc<dyn Store>) {
+    use DeliveryState::{Dead, Delivered, Pending};
+    let a = store
+        .create_subscription(new_sub("job-cancel.example", None))
+        .await
+        .unwrap();
+    let d = dead_deliveries(&store, &a, 3).await;
+    let job = store.create_replay_job(job_for(&a, &[Dead])).await.unwrap();
+    let (requeued, _) = step(&store, &job.id, 1).await;
+    assert_eq!(requeued, 1);
+
+    let cancelled = store.cancel_replay_job(&job.id).await.unwrap();
+    assert_eq!(cancelled.state, JobState::Cancelled);
+    assert!(cancelled.finished_at.is_some());
+    assert_eq!(progress(&cancelled), (0, 0, 0, 1));
+    assert_eq!(store.get_replay_job(&job.id).await.unwrap(), cancelled);
+    assert!(store.running_replay_jobs(10).await.unwrap().is_empty());
+
+    // Stepping it does nothing; the delivery already re-queued goes on.
+    let s = store.step_replay_job(&job.id, 5).await.unwrap();
+    assert_eq!((s.requeued, &s.job), (0, &cancelled));
+    assert_eq!(states_of(&store, &d).await, [Pending, Dead, Dead]);
+    let c = claim_one(&store, "job-cancel.example").await;
+    finish(&store, &c, 200, NextState::Delivered).await;
+    let s = store.step_replay_job(&job.id, 5).await.unwrap();
+    assert_eq!(s.job, cancelled, "counts stop moving");
+    assert_eq!(states_of(&store, &d).await, [Delivered, Dead, Dead]);
+    // Cancelling an ended job returns it unchanged.
+    assert_eq!(store.cancel_replay_job(&job.id).await.unwrap(), cancelled);
+
+    let mut empty = job_for(&a, &[Dead]);
+    empty.until = empty.since;
+    let empty = store.create_replay_job(empty).await.unwrap();
+    let (_, completed) = step(&store, &empty.id, 1).await;
+    assert_eq!(completed.state, JobState::Completed);
+    assert_eq!(store.cancel_replay_job(&empty.id).await.unwrap(), completed);
+}
+
+pub async fn replay_job_items_of_a_deleted_subscription_are_skipped_or_settled(
+    store: Arc<dyn Store>,
+) {
+    use DeliveryState::{Dead, Failed};
+    let a = store
+        .create_subscription(new_sub("job-deleted.example", None))
+        .await
+        .unwrap();
+    let d = dead_deliveries(&store, &a, 3).await;
+    let job = store.create_replay_job(job_for(&a, &[Dead])).await.unwrap();
+    let (requeued, _) = step(&store, &job.id, 1).await;
+    assert_eq!(requeued, 1);
+    // The delete fails the re-queued one; the rest are never sent.
+    store.delete_subscription(&a.id).await.unwrap();
+    let (requeued, job) = step(&store, &job.id, 5).await;
+    assert_eq!(requeued, 0);
+    assert_eq!(progress(&job), (0, 1, 2, 0));
+    assert_eq!(job.state, JobState::Completed);
+    assert_eq!(states_of(&store, &d).await, [Failed, Dead, Dead]);
+}
+
+pub async fn replay_jobs_of_missing_jobs_or_subscriptions_are_not_found(store: Arc<dyn Store>) {
+    let missing = JobId::new();
+    assert!(matches!(
+        store.get_replay_job(&missing).await,
+        Err(StoreError::NotFound)
+    ));
+    assert!(matches!(
+        store.cancel_replay_job(&missing).await,
+        Err(StoreError::NotFound)
+    ));
+    assert!(matches!(
+        store.step_replay_job(&missing, 5).await,
+        Err(StoreError::NotFound)
+    ));
+    let a = store
+        .create_subscription(new_sub("job-missing.example", None))
+        .await
+        .unwrap();
+    let absent = job_for(&store.get_subscription(&a.id).await.unwrap(), &[]);
+    let absent = NewReplayJob {
+        sub_id: SubscriptionId::new(),
+        ..absent
+    };
+    assert!(matches!(
+        store.create_replay_job(absent.clone()).await,
+        Err(StoreError::NotFound)
+    ));
+    store.delete_subscription(&a.id).await.unwrap();
+    let deleted = job_for(&a, &[DeliveryState::Dead]);
+    assert!(matches!(
+        store.create_replay_job(deleted.clone()).await,
+        Err(StoreError::NotFound)
+    ));
+    for id in [absent.id, deleted.id] {
+        assert!(matches!(
+            store.get_replay_job(&id).await,
+            Err(StoreError::NotFound)
+        ));
+    }
+}
+
+pub async fn running_replay_jobs_lists_running_jobs_oldest_first(store: Arc<dyn Store>) {
+    let a = store
+        .create_subscription(new_sub("job-list.example", None))
+        .await
+        .unwrap();
+    dead_deliveries(&store, &a, 1).await;
+    let mut jobs = Vec::new();
+    for _ in 0..3 {
+        jobs.push(
+            store
+                .create_replay_job(job_for(&a, &[DeliveryState::Dead]))
+                .await
+                .unwrap(),
+        );
+    }
+    assert_eq!(store.running_replay_jobs(10).await.unwrap(), jobs);
+    assert_eq!(store.running_replay_jobs(2).await.unwrap(), jobs[..2]);
+    store.cancel_replay_job(&jobs[1].id).await.unwrap();
+    let ids = |jobs: Vec<ReplayJob>| jobs.into_iter().map(|j| j.id).collect::<Vec<_>>();
+    assert_eq!(
+        ids(store.running_replay_jobs(10).await.unwrap()),
+        [jobs[0].id, jobs[2].id]
+    );
+    assert_eq!(
+        ids(store.running_replay_jobs(1).await.unwrap()),
+        [jobs[0].id]
+    );
+}
+
+// --- signals -------------------------------------------------------------------
+
+/// The system event announcing `kind`, fanned out to `to`.
+fn notice(kind: SignalKind, key: Option<&str>, to: &[&Subscription]) -> Notice {
+    Notice {
+        event: new_event(kind.event_type().as_str(), key),
+        deliveries: to.iter().map(|s| delivery_to(s)).collect(),
+    }
+}
+
+/// Whether an event exists.
+async fn event_exists(store: &Arc<dyn Store>, id: &EventId) -> bool {
+    match store.get_event(id).await {
+        Ok(_) => true,
+        Err(StoreError::NotFound) => false,
+        Err(e) => panic!("{e:?}"),
+    }
+}
+
+/// Whether a delivery exists.
+async fn delivery_exists(store: &Arc<dyn Store>, id: &DeliveryId) -> bool {
+    match store.get_delivery(id).await {
+        Ok(_) => true,
+        Err(StoreError::NotFound) => false,
+        Err(e) => panic!("{e:?}"),
+    }
+}
+
+/// Raised signals as `(subscription, kind, detail)`, in the order listed.
+async fn raised(
+    store: &Arc<dyn Store>,
+    kind: Option<SignalKind>,
+) -> Vec<(SubscriptionId, SignalKind, String)> {
+    store
+        .raised_signals(kind)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| (s.sub_id, s.kind, s.detail))
+        .collect()
+}
+
+pub async fn a_signal_is_raised_once_per_detail_with_its_notice(store: Arc<dyn Store>) {
+    let a = store
+        .create_subscription(new_sub("signal-a.example", None))
+        .await
+        .unwrap();
+    let ops = store
+        .create_subscription(new_sub("signal-ops.example", None))
+        .await
+        .unwrap();
+    let kind = SignalKind::DeadLettering;
+
+    // Raised with its announcement, which is accepted as accept_event would
+    // (the event and its deliveries, pending).
+    let first = notice(kind, Some("sig-a-dead-3"), &[&ops]);
+    assert!(
+        store
+            .raise_signal(&a.id, kind, "3 dead", Some(first.clone()))
+            .await
+            .unwrap()
+    );
+    let event = store.get_event(&first.event.id).await.unwrap();
+    assert_eq!(event.event_type, kind.event_type());
+    assert_eq!(event.idempotency_key.as_deref(), Some("sig-a-dead-3"));
+    let d = store
+        .get_delivery(&first.deliveries[0].id)
+        .await
+        .unwrap()
+        .delivery;
+    assert_eq!((d.event_id, d.sub_id), (first.event.id, ops.id));
+    assert_eq!(d.state, DeliveryState::Pending);
+    assert_eq!(raised(&store, None).await, [(a.id, kind, "3 dead".into())]);
+    let raised_at = store.raised_signals(None).await.unwrap()[0].raised_at;
+
+    // Raised already with that detail: nothing happens, its notice included.
+    let again = notice(kind, Some("sig-a-dead-3"), &[&ops]);
+    assert!(
+        !store
+            .raise_signal(&a.id, kind, "3 dead", Some(again.clone()))
+            .await
+            .unwrap()
+    );
+    assert!(!event_exists(&store, &again.event.id).await);
+    assert!(!delivery_exists(&store, &again.deliveries[0].id).await);
+    let other = notice(kind, Some("sig-a-dead-3-other"), &[&ops]);
+    assert!(
+        !store
+            .raise_signal(&a.id, kind, "3 dead", Some(other.clone()))
+            .await
+            .unwrap()
+    );
+    assert!(!event_exists(&store, &other.event.id).await);
+    let signals = store.raised_signals(None).await.unwrap();
+    assert_eq!(signals.len(), 1);
+    assert_eq!(signals[0].raised_at, raised_at, "untouched");
+
+    // A new detail raises it again, with a new announcement…
+    let worse = notice(kind, Some("sig-a-dead-9"), &[&ops]);
+    assert!(
+        store
+            .raise_signal(&a.id, kind, "9 dead", Some(worse.clone()))
+            .await
+            .unwrap()
+    );
+    assert!(event_exists(&store, &worse.event.id).await);
+    assert_eq!(raised(&store, None).await, [(a.id, kind, "9 dead".into())]);
+    // …whose idempotency key is honoured: a key already taken writes no
+    // second event, yet the signal is raised.
+    let replayed_key = notice(kind, Some("sig-a-dead-3"), &[&ops]);
+    assert!(
+        store
+            .raise_signal(&a.id, kind, "3 dead", Some(replayed_key.clone()))
+            .await
+            .unwrap()
+    );
+    assert!(!event_exists(&store, &replayed_key.event.id).await);
+    assert!(!delivery_exists(&store, &replayed_key.deliveries[0].id).await);
+    assert_eq!(raised(&store, None).await, [(a.id, kind, "3 dead".into())]);
+    // Without a notice.
+    assert!(
+        store
+            .raise_signal(&a.id, SignalKind::Shedding, "12000 pending", None)
+            .await
+            .unwrap()
+    );
+    let announced = store
+        .list_deliveries(&DeliveryQuery {
+            sub_id: Some(ops.id),
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(announced.len(), 2, "the first and the worse notice only");
+}
+
+pub async fn concurrent_raises_of_one_signal_raise_it_once_and_accept_one_notice(
+    store: Arc<dyn Store>,
+) {
+    let a = store
+        .create_subscription(new_sub("signal-race.example", None))
+        .await
+        .unwrap();
+    let ops = store
+        .create_subscription(new_sub("signal-race-ops.example", None))
+        .await
+        .unwrap();
+    let kind = SignalKind::ConfigurationError;
+    // No idempotency key: only the signal itself can keep the others out.
+    let notices: Vec<Notice> = (0..12).map(|_| notice(kind, None, &[&ops])).collect();
+    let tasks: Vec<_> = notices
+        .iter()
+        .cloned()
+        .map(|n| {
+            let store = store.clone();
+            let sub = a.id;
+            tokio::spawn(async move {
+                store
+                    .raise_signal(&sub, kind, "401", Some(n))
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let raised_by: Vec<bool> = futures::future::join_all(tasks)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
+    assert_eq!(raised_by.iter().filter(|r| **r).count(), 1, "{raised_by:?}");
+    let mut accepted = Vec::new();
+    for (n, won) in notices.iter().zip(&raised_by) {
+        let exists = event_exists(&store, &n.event.id).await;
+        assert_eq!(exists, *won, "only the raiser's notice is accepted");
+        if exists {
+            accepted.push(n.event.id);
+        }
+    }
+    assert_eq!(accepted.len(), 1);
+    let announced = store
+        .list_deliveries(&DeliveryQuery {
+            sub_id: Some(ops.id),
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(announced.len(), 1, "announced exactly once");
+}
+
+pub async fn raising_disabled_disables_the_subscription_and_reenabling_lowers_it(
+    store: Arc<dyn Store>,
+) {
+    let a = store
+        .create_subscription(new_sub("signal-gone.example", None))
+        .await
+        .unwrap();
+    let generation = store.subscription_generation().await.unwrap();
+    assert!(
+        store
+            .raise_signal(&a.id, SignalKind::Disabled, "HTTP 410 Gone", None)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store.get_subscription(&a.id).await.unwrap().state,
+        SubscriptionState::Disabled
+    );
+    assert_ne!(
+        store.subscription_generation().await.unwrap(),
+        generation,
+        "the fan-out index must learn of it"
+    );
+    assert!(
+        !store
+            .raise_signal(&a.id, SignalKind::Disabled, "HTTP 410 Gone", None)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        raised(&store, Some(SignalKind::Disabled)).await,
+        [(a.id, SignalKind::Disabled, "HTTP 410 Gone".into())]
+    );
+
+    // Enabling it again lowers the signal, so a later disable is announced.
+    let enabled = store
+        .update_subscription(
+            &a.id,
+            SubscriptionPatch {
+                state: Some(SubscriptionState::Active),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(enabled.state, SubscriptionState::Active);
+    assert!(raised(&store, Some(SignalKind::Disabled)).await.is_empty());
+    assert!(
+        !store
+            .lower_signal(&a.id, SignalKind::Disabled)
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .raise_signal(&a.id, SignalKind::Disabled, "HTTP 410 Gone", None)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store.get_subscription(&a.id).await.unwrap().state,
+        SubscriptionState::Disabled
+    );
+
+    // Other patches leave it raised, and other signals are not lowered by
+    // enabling.
+    let b = store
+        .create_subscription(new_sub("signal-gone-b.example", None))
+        .await
+        .unwrap();
+    assert!(
+        store
+            .raise_signal(&b.id, SignalKind::Shedding, "9000 pending", None)
+            .await
+            .unwrap()
+    );
+    store
+        .update_subscription(
+            &a.id,
+            SubscriptionPatch {
+                description: Some(Some("gone".into())),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    store
+        .update_subscription(
+            &b.id,
+            SubscriptionPatch {
+                state: Some(SubscriptionState::Active),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        raised(&store, None).await,
+        [
+            (a.id, SignalKind::Disabled, "HTTP 410 Gone".into()),
+            (b.id, SignalKind::Shedding, "9000 pending".into()),
+        ]
+    );
+}
+
+pub async fn lowering_a_signal_says_whether_it_was_raised(store: Arc<dyn Store>) {
+    let a = store
+        .create_subscription(new_sub("signal-lower.example", None))
+        .await
+        .unwrap();
+    let kind = SignalKind::DeadLettering;
+    assert!(!store.lower_signal(&a.id, kind).await.unwrap());
+    assert!(
+        store
+            .raise_signal(&a.id, kind, "1 dead", None)
+            .await
+            .unwrap()
+    );
+    assert!(store.lower_signal(&a.id, kind).await.unwrap());
+    assert!(!store.lower_signal(&a.id, kind).await.unwrap());
+    assert!(raised(&store, None).await.is_empty());
+    // Lowered, the same detail raises it again.
+    assert!(
+        store
+            .raise_signal(&a.id, kind, "1 dead", None)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .lower_signal(&a.id, SignalKind::Shedding)
+            .await
+            .unwrap()
+    );
+    assert_eq!(raised(&store, None).await, [(a.id, kind, "1 dead".into())]);
+}
+
+/// "Ordered by kind" is [`SignalKind`]'s own order (its `Ord`, the order
+/// the variants are declared in), not the alphabetical order of the names.
+pub async fn raised_signals_filter_by_kind_and_omit_deleted_subscriptions(store: Arc<dyn Store>) {
+    use SignalKind::{ConfigurationError, DeadLettering, Disabled, Shedding};
+    let a = store
+        .create_subscription(new_sub("signal-list-a.example", None))
+        .await
+        .unwrap();
+    let b = store
+        .create_subscription(new_sub("signal-list-b.example", None))
+        .await
+        .unwrap();
+    let c = store
+        .create_subscription(new_sub("signal-list-c.example", None))
+        .await
+        .unwrap();
+    for (sub, kind, detail) in [
+        (&b, Shedding, "9000 pending"),
+        (&a, Shedding, "12000 pending"),
+        (&a, ConfigurationError, "401"),
+        (&a, DeadLettering, "2 dead"),
+        (&a, Disabled, "HTTP 410 Gone"),
+        (&c, DeadLettering, "1 dead"),
+    ] {
+        assert!(
+            store
+                .raise_signal(&sub.id, kind, detail, None)
+                .await
+                .unwrap()
+        );
+    }
+    let want_a = vec![
+        (a.id, Disabled, "HTTP 410 Gone".to_owned()),
+        (a.id, DeadLettering, "2 dead".to_owned()),
+        (a.id, ConfigurationError, "401".to_owned()),
+        (a.id, Shedding, "12000 pending".to_owned()),
+    ];
+    let mut want = want_a.clone();
+    want.push((b.id, Shedding, "9000 pending".into()));
+    want.push((c.id, DeadLettering, "1 dead".into()));
+    assert_eq!(raised(&store, None).await, want);
+    assert_eq!(
+        raised(&store, Some(Shedding)).await,
+        [
+            (a.id, Shedding, "12000 pending".into()),
+            (b.id, Shedding, "9000 pending".into()),
+        ]
+    );
+    assert!(raised(&store, Some(Disabled)).await.len() == 1);
+
+    // The health of a subscription shows its own, by kind.
+    let health = store.subscription_health(&a.id, last_hour()).await.unwrap();
+    assert_eq!(
+        health
+            .signals
+            .iter()
+            .map(|s| (s.sub_id, s.kind, s.detail.clone()))
+            .collect::<Vec<_>>(),
+        want_a
+    );
+    let health = store.subscription_health(&b.id, last_hour()).await.unwrap();
+    assert_eq!(health.signals.len(), 1);
+    assert_eq!(
+        health.signals[0],
+        store.raised_signals(Some(Shedding)).await.unwrap()[1]
+    );
+
+    store.delete_subscription(&c.id).await.unwrap();
+    assert_eq!(raised(&store, None).await, want[..5]);
+    assert!(raised(&store, Some(DeadLettering)).await.len() == 1);
+}
+
+pub async fn raising_a_signal_for_a_missing_or_deleted_subscription_is_not_found(
+    store: Arc<dyn Store>,
+) {
+    let ops = store
+        .create_subscription(new_sub("signal-missing-ops.example", None))
+        .await
+        .unwrap();
+    let a = store
+        .create_subscription(new_sub("signal-missing.example", None))
+        .await
+        .unwrap();
+    store.delete_subscription(&a.id).await.unwrap();
+    for sub in [SubscriptionId::new(), a.id] {
+        let n = notice(SignalKind::Disabled, None, &[&ops]);
+        assert!(matches!(
+            store
+                .raise_signal(&sub, SignalKind::Disabled, "HTTP 410 Gone", Some(n.clone()))
+                .await,
+            Err(StoreError::NotFound)
+        ));
+        assert!(!event_exists(&store, &n.event.id).await, "nothing accepted");
+    }
+    assert!(raised(&store, None).await.is_empty());
+}
+
+pub async fn backlogs_count_unfinished_deliveries_of_live_subscriptions(store: Arc<dyn Store>) {
+    let a = store
+        .create_subscription(new_sub("backlog-a.example", None))
+        .await
+        .unwrap();
+    let b = store
+        .create_subscription(new_sub("backlog-b.example", None))
+        .await
+        .unwrap();
+    let disabled = store
+        .create_subscription(new_sub("backlog-off.example", None))
+        .await
+        .unwrap();
+    let deleted = store
+        .create_subscription(new_sub("backlog-gone.example", None))
+        .await
+        .unwrap();
+    assert!(store.backlogs().await.unwrap().is_empty());
+    // a: one delivered, one in flight, two pending (one waiting to retry).
+    delivery_ending(&store, &a, "order.created", &[(200, NextState::Delivered)]).await;
+    delivery_ending(
+        &store,
+        &a,
+        "order.created",
+        &[(503, NextState::Retry { delay: LONG })],
+    )
+    .await;
+    ingest_one(&store, &a, "order.created").await;
+    claim_all_of(&store, &a).await;
+    ingest_one(&store, &a, "order.created").await;
+    // b: finished only.
+    delivery_ending(&store, &b, "order.created", &[(500, NextState::Dead)]).await;
+    // disabled: still a backlog. deleted: not listed.
+    for s in [&disabled, &deleted] {
+        ingest_one(&store, s, "order.created").await;
+        ingest_one(&store, s, "order.created").await;
+    }
+    store
+        .update_subscription(
+            &disabled.id,
+            SubscriptionPatch {
+                state: Some(SubscriptionState::Disabled),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    store.delete_subscription(&deleted.id).await.unwrap();
+
+    let mut got = store.backlogs().await.unwrap();
+    got.sort_by_key(|b| b.sub_id);
+    let mut want = vec![
+        Backlog {
+            sub_id: a.id,
+            unfinished: 3,
+        },
+        Backlog {
+            sub_id: disabled.id,
+            unfinished: 2,
+        },
+    ];
+    want.sort_by_key(|b| b.sub_id);
+    assert_eq!(got, want);
+}
+
+// --- failing streaks -----------------------------------------------------------
+
+/// A time `minutes` before now, on the caller's clock.
+fn minutes_ago(minutes: i64) -> Timestamp {
+    chrono::Utc::now() - chrono::Duration::minutes(minutes)
+}
+
+/// Records an attempt started at `started_at` on a claimed delivery.
+async fn record_at(
+    store: &Arc<dyn Store>,
+    c: &ClaimedDelivery,
+    status: u16,
+    started_at: Timestamp,
+    next: NextState,
+) -> RecordOutcome {
+    let mut a = attempt(c.delivery.attempt + 1, Some(status));
+    a.started_at = started_at;
+    store
+        .record_attempt(AttemptRecord {
+            lease: c.lease,
+            attempt: a,
+            next,
+            last_error: None,
+        })
+        .await
+        .unwrap()
+}
+
+async fn failing(store: &Arc<dyn Store>, started_at_or_before: Timestamp) -> Vec<SubscriptionId> {
+    let mut got = store
+        .failing_subscriptions(started_at_or_before)
+        .await
+        .unwrap();
+    got.sort();
+    got
+}
+
+pub async fn a_failing_streak_starts_at_the_first_failure_and_ends_at_a_delivery(
+    store: Arc<dyn Store>,
+) {
+    let retry = NextState::Retry {
+        delay: Duration::ZERO,
+    };
+    let a = store
+        .create_subscription(new_sub("streak-a.example", None))
+        .await
+        .unwrap();
+    let healthy = store
+        .create_subscription(new_sub("streak-ok.example", None))
+        .await
+        .unwrap();
+    assert!(failing(&store, chrono::Utc::now()).await.is_empty());
+    delivery_ending(
+        &store,
+        &healthy,
+        "order.created",
+        &[(200, NextState::Delivered)],
+    )
+    .await;
+
+    // The streak begins with the first failure…
+    let d = ingest_one(&store, &a, "order.created").await;
+    let c = claim_one(&store, "streak-a.example").await;
+    assert_eq!(c.delivery.id, d);
+    let began = minutes_ago(30);
+    record_at(&store, &c, 500, began, retry.clone()).await;
+    assert_eq!(failing(&store, minutes_ago(10)).await, [a.id]);
+    assert_eq!(failing(&store, began).await, [a.id], "at or before");
+    assert!(failing(&store, minutes_ago(40)).await.is_empty(), "not yet");
+    // …and later failures (of any kind) do not move it.
+    let c = claim_one(&store, "streak-a.example").await;
+    record_at(&store, &c, 500, minutes_ago(5), retry.clone()).await;
+    let dead = ingest_one(&store, &a, "order.created").await;
+    let c = claim_all_of(&store, &a).await;
+    assert_eq!(c.len(), 2);
+    for c in &c {
+        let next = if c.delivery.id == dead {
+            NextState::Dead
+        } else {
+            retry.clone()
+        };
+        record_at(&store, c, 400, minutes_ago(4), next).await;
+    }
+    assert_eq!(failing(&store, began).await, [a.id]);
+
+    // A delivery ends it.
+    let c = claim_one(&store, "streak-a.example").await;
+    record_at(&store, &c, 200, minutes_ago(3), NextState::Delivered).await;
+    assert!(failing(&store, chrono::Utc::now()).await.is_empty());
+
+    // The next failure starts a new one.
+    let again = minutes_ago(2);
+    delivery_ending(&store, &a, "order.created", &[]).await;
+    let c = claim_one(&store, "streak-a.example").await;
+    record_at(&store, &c, 503, again, NextState::Failed).await;
+    assert_eq!(failing(&store, chrono::Utc::now()).await, [a.id]);
+    assert!(failing(&store, minutes_ago(10)).await.is_empty());
+
+    // A disabled subscription is not listed.
+    store
+        .update_subscription(
+            &a.id,
+            SubscriptionPatch {
+                state: Some(SubscriptionState::Disabled),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(failing(&store, chrono::Utc::now()).await.is_empty());
+
+    // Re-enabled (the customer says it is fixed): the streak is over, and a
+    // new one starts with the next failure, so an automatic disable counts
+    // its period from here rather than at once.
+    let enable = || SubscriptionPatch {
+        state: Some(SubscriptionState::Active),
+        ..Default::default()
+    };
+    store.update_subscription(&a.id, enable()).await.unwrap();
+    assert!(failing(&store, chrono::Utc::now()).await.is_empty());
+    delivery_ending(&store, &a, "order.created", &[]).await;
+    let c = claim_one(&store, "streak-a.example").await;
+    let next = minutes_ago(1);
+    record_at(&store, &c, 500, next, NextState::Failed).await;
+    assert_eq!(failing(&store, next).await, [a.id]);
+    assert!(failing(&store, minutes_ago(2)).await.is_empty());
+    // Setting an active subscription active again changes nothing.
+    store.update_subscription(&a.id, enable()).await.unwrap();
+    assert_eq!(failing(&store, next).await, [a.id]);
+}
+
+pub async fn failing_streaks_count_attempts_whose_lease_was_lost(store: Arc<dyn Store>) {
+    let a = store
+        .create_subscription(new_sub("streak-lost.example", None))
+        .await
+        .unwrap();
+    ingest_one(&store, &a, "order.created").await;
+    // Claimed, then released: the lease is lost, but the attempt happened.
+    let zombie = claim_one(&store, "streak-lost.example").await;
+    assert_eq!(store.release(&[zombie.lease]).await.unwrap(), 1);
+    let began = minutes_ago(20);
+    assert_eq!(
+        record_at(&store, &zombie, 500, began, NextState::Dead).await,
+        RecordOutcome::LeaseLost
+    );
+    assert_eq!(failing(&store, minutes_ago(10)).await, [a.id]);
+    // A delivered attempt ends the streak, lease or not.
+    let fresh = claim_one(&store, "streak-lost.example").await;
+    assert_eq!(
+        record_at(&store, &zombie, 200, minutes_ago(1), NextState::Delivered).await,
+        RecordOutcome::LeaseLost
+    );
+    assert!(failing(&store, chrono::Utc::now()).await.is_empty());
+    assert_eq!(
+        record_at(&store, &fresh, 500, minutes_ago(1), NextState::Dead).await,
+        RecordOutcome::Recorded
+    );
+    assert_eq!(failing(&store, chrono::Utc::now()).await, [a.id]);
+}
+
+// --- the daily rollup and retention --------------------------------------------
+
+/// Midday (UTC) `days_ago` days before today, on the caller's clock.
+fn midday(days_ago: u64) -> Timestamp {
+    (chrono::Utc::now().date_naive() - chrono::Days::new(days_ago))
+        .and_hms_opt(12, 0, 0)
+        .unwrap()
+        .and_utc()
+}
+
+/// Records an attempt with `status`, started at `started_at`, lasting `ms`.
+async fn record_timed(
+    store: &Arc<dyn Store>,
+    c: &ClaimedDelivery,
+    status: u16,
+    started_at: Timestamp,
+    ms: u64,
+    next: NextState,
+) -> RecordOutcome {
+    let mut a = attempt(c.delivery.attempt + 1, Some(status));
+    a.started_at = started_at;
+    a.duration = Duration::from_millis(ms);
+    store
+        .record_attempt(AttemptRecord {
+            lease: c.lease,
+            attempt: a,
+            next,
+            last_error: None,
+        })
+        .await
+        .unwrap()
+}
+
+fn day_stats(
+    at: Timestamp,
+    attempts: u64,
+    (delivered, failed, dead): (u64, u64, u64),
+    latency_ms: &[(u64, u64)],
+) -> DailyStats {
+    DailyStats {
+        day: at.date_naive(),
+        attempts,
+        delivered,
+        failed,
+        dead,
+        latency_ms: latency_ms.to_vec(),
+    }
+}
+
+/// Four finished deliveries of `sub` (which must have nothing else due),
+/// with attempts three and one days ago, and the rollup they make:
+/// one retried then delivered, one failed, one dead, and one whose first
+/// attempt's lease was lost (released before its result came) and whose
+/// second delivered.
+async fn finished_history(
+    store: &Arc<dyn Store>,
+    sub: &Subscription,
+) -> (Vec<DeliveryId>, Vec<DailyStats>) {
+    let host = sub.url.host().to_owned();
+    let (day3, day1) = (midday(3), midday(1));
+    let hour = chrono::Duration::hours(1);
+    let mut ids = Vec::new();
+
+    ids.push(ingest_one(store, sub, "order.created").await);
+    let c = claim_one(store, &host).await;
+    let retry = NextState::Retry {
+        delay: Duration::ZERO,
+    };
+    record_timed(store, &c, 500, day3, 12, retry).await;
+    let c = claim_one(store, &host).await;
+    record_timed(store, &c, 200, day1, 40, NextState::Delivered).await;
+
+    ids.push(ingest_one(store, sub, "order.created").await);
+    let c = claim_one(store, &host).await;
+    record_timed(store, &c, 400, day1 + hour, 12, NextState::Failed).await;
+
+    ids.push(ingest_one(store, sub, "order.created").await);
+    let c = claim_one(store, &host).await;
+    record_timed(store, &c, 500, day1 + hour * 2, 7, NextState::Dead).await;
+
+    ids.push(ingest_one(store, sub, "order.created").await);
+    let zombie = claim_one(store, &host).await;
+    assert_eq!(store.release(&[zombie.lease]).await.unwrap(), 1);
+    let c = claim_one(store, &host).await;
+    assert_eq!(
+        record_timed(store, &zombie, 200, day3 + hour, 12, NextState::Delivered).await,
+        RecordOutcome::LeaseLost
+    );
+    record_timed(store, &c, 200, day3 + hour * 2, 40, NextState::Delivered).await;
+
+    // Day 3: the retried 500, the lost lease's 200 (an attempt, but it
+    // caused no outcome, so it is in none of delivered/failed/dead), the
+    // delivered 200. Day 1: delivered, failed, dead.
+    let stats = vec![
+        day_stats(day3, 3, (1, 0, 0), &[(12, 2), (40, 1)]),
+        day_stats(day1, 3, (1, 1, 1), &[(7, 1), (12, 1), (40, 1)]),
+    ];
+    (ids, stats)
+}
+
+/// The daily rollup of `sub` from a week ago.
+async fn week_of_stats(store: &Arc<dyn Store>, sub: &SubscriptionId) -> Vec<DailyStats> {
+    let since = chrono::Utc::now().date_naive() - chrono::Days::new(7);
+    store.daily_stats(sub, since).await.unwrap()
+}
+
+/// A policy under which everything stored now has expired.
+fn expire_everything(batch: u32) -> RetentionPolicy {
+    let later = chrono::Utc::now() + chrono::Duration::days(2);
+    RetentionPolicy {
+        deliveries_before: later,
+        events_before: later,
+        batch,
+    }
+}
+
+/// Runs retention until it says nothing more is due; returns each call's
+/// report.
+async fn retain_all(store: &Arc<dyn Store>, policy: &RetentionPolicy) -> Vec<RetentionReport> {
+    let mut reports = Vec::new();
+    loop {
+        let r = store.enforce_retention(policy).await.unwrap();
+        reports.push(r);
+        if !r.more {
+            return reports;
+        }
+        assert!(reports.len() < 1000, "retention never finishes");
+    }
+}
+
+/// The reports summed: `(deliveries, attempts, events)`.
+fn removed(reports: &[RetentionReport]) -> (u64, u64, u64) {
+    reports.iter().fold((0, 0, 0), |(d, a, e), r| {
+        (d + r.deliveries, a + r.attempts, e + r.events)
+    })
+}
+
+/// The rollup counts every attempt on the UTC day it started, with
+/// `delivered`/`failed`/`dead` by the outcome the attempt caused: a retry
+/// is in none of them, and so is an attempt whose lease was lost (its
+/// result moved nothing), whatever its status.
+pub async fn daily_stats_count_attempts_by_day_and_the_outcome_they_caused(store: Arc<dyn Store>) {
+    let a = store
+        .create_subscription(new_sub("stats-a.example", None))
+        .await
+        .unwrap();
+    let b = store
+        .create_subscription(new_sub("stats-b.example", None))
+        .await
+        .unwrap();
+    let (_, mut want) = finished_history(&store, &a).await;
+    // A retry that is still waiting counts as an attempt.
+    ingest_one(&store, &a, "order.created").await;
+    let c = claim_one(&store, "stats-a.example").await;
+    let retry = NextState::Retry { delay: LONG };
+    record_timed(
+        &store,
+        &c,
+        503,
+        midday(3) + chrono::Duration::hours(3),
+        5,
+        retry,
+    )
+    .await;
+    want[0] = day_stats(midday(3), 4, (1, 0, 0), &[(5, 1), (12, 2), (40, 1)]);
+    // Another subscription's attempts are its own.
+    ingest_one(&store, &b, "order.created").await;
+    let c = claim_one(&store, "stats-b.example").await;
+    record_timed(&store, &c, 200, midday(1), 99, NextState::Delivered).await;
+
+    assert_eq!(week_of_stats(&store, &a.id).await, want);
+    assert_eq!(
+        store
+            .daily_stats(&a.id, midday(1).date_naive())
+            .await
+            .unwrap(),
+        want[1..],
+        "from since_day on"
+    );
+    assert_eq!(
+        week_of_stats(&store, &b.id).await,
+        [day_stats(midday(1), 1, (1, 0, 0), &[(99, 1)])]
+    );
+    assert!(
+        week_of_stats(&store, &SubscriptionId::new())
+            .await
+            .is_empty()
+    );
+    // Kept for a deleted subscription (whose pending retry the delete
+    // failed, without an attempt).
+    store.delete_subscription(&a.id).await.unwrap();
+    assert_eq!(week_of_stats(&store, &a.id).await, want);
+}
+
+pub async fn retention_removes_finished_deliveries_and_folds_their_attempts_into_the_rollup(
+    store: Arc<dyn Store>,
+) {
+    let a = store
+        .create_subscription(new_sub("retain-a.example", None))
+        .await
+        .unwrap();
+    let b = store
+        .create_subscription(new_sub("retain-b.example", None))
+        .await
+        .unwrap();
+    let (mut ids, want) = finished_history(&store, &a).await;
+    ids.push(delivery_ending(&store, &b, "order.created", &[(200, NextState::Delivered)]).await);
+    let mut events = Vec::new();
+    for id in &ids {
+        events.push(store.get_delivery(id).await.unwrap().delivery.event_id);
+    }
+    let orphan = store
+        .accept_event(new_event("nobody.listens", None), vec![])
+        .await
+        .unwrap()
+        .event_id;
+    assert_eq!(week_of_stats(&store, &a.id).await, want);
+    let b_stats = week_of_stats(&store, &b.id).await;
+    assert_eq!(b_stats.len(), 1);
+
+    let reports = retain_all(&store, &expire_everything(1000)).await;
+    assert_eq!(
+        removed(&reports),
+        (5, 7, 6),
+        "every finished delivery, its attempts, and every event: {reports:?}"
+    );
+    for id in &ids {
+        assert!(!delivery_exists(&store, id).await);
+        assert!(matches!(
+            store.replay_delivery(id).await,
+            Err(StoreError::NotFound)
+        ));
+    }
+    for id in events.iter().chain([&orphan]) {
+        assert!(!event_exists(&store, id).await);
+    }
+    // The fold: the rollup reads the same.
+    assert_eq!(week_of_stats(&store, &a.id).await, want);
+    assert_eq!(week_of_stats(&store, &b.id).await, b_stats);
+    // Nothing left to do.
+    let r = store
+        .enforce_retention(&expire_everything(1000))
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.deliveries, r.attempts, r.events, r.more),
+        (0, 0, 0, false)
+    );
+    // Kept forever, also once the subscription is deleted.
+    store.delete_subscription(&a.id).await.unwrap();
+    assert_eq!(week_of_stats(&store, &a.id).await, want);
+    // New attempts add to the folded days.
+    let c = {
+        ingest_one(&store, &b, "order.created").await;
+        claim_one(&store, "retain-b.example").await
+    };
+    record_timed(&store, &c, 200, midday(1), 99, NextState::Delivered).await;
+    assert_eq!(
+        week_of_stats(&store, &b.id).await,
+        [
+            day_stats(midday(1), 1, (1, 0, 0), &[(99, 1)]),
+            b_stats[0].clone()
+        ],
+        "b's first attempt was today"
+    );
+}
+
+/// What both backends guarantee about unfinished deliveries: they, their
+/// attempts and their events stay, whatever their age, and stay usable
+/// (a live lease still records). Finished deliveries stored beside them
+/// may stay too (PostgreSQL drops whole day partitions only), so nothing
+/// is asserted of them here but the rollup.
+pub async fn retention_never_removes_unfinished_deliveries_or_the_events_they_need(
+    store: Arc<dyn Store>,
+) {
+    let a = store
+        .create_subscription(new_sub("retain-keep.example", None))
+        .await
+        .unwrap();
+    let host = "retain-keep.example";
+    let retrying = ingest_one(&store, &a, "order.created").await;
+    let c = claim_one(&store, host).await;
+    let retry = NextState::Retry { delay: LONG };
+    record_timed(&store, &c, 503, midday(2), 30, retry).await;
+    delivery_ending(&store, &a, "order.created", &[(200, NextState::Delivered)]).await;
+    let inflight = ingest_one(&store, &a, "order.created").await;
+    let held = claim_one(&store, host).await;
+    assert_eq!(held.delivery.id, inflight);
+    let pending = ingest_one(&store, &a, "order.created").await;
+    let orphan = store
+        .accept_event(new_event("nobody.listens", None), vec![])
+        .await
+        .unwrap()
+        .event_id;
+    let mut before = Vec::new();
+    for id in [retrying, inflight, pending] {
+        before.push(store.get_delivery(&id).await.unwrap());
+    }
+    let stats = week_of_stats(&store, &a.id).await;
+
+    let reports = retain_all(&store, &expire_everything(1000)).await;
+    assert!(removed(&reports).1 <= 1, "at most the delivered attempt");
+    for d in &before {
+        assert_eq!(
+            &store.get_delivery(&d.delivery.id).await.unwrap(),
+            d,
+            "kept as it was, attempts included"
+        );
+        assert!(event_exists(&store, &d.delivery.event_id).await);
+    }
+    assert!(!event_exists(&store, &orphan).await, "no delivery needs it");
+    assert_eq!(week_of_stats(&store, &a.id).await, stats);
+
+    // Still usable: the live lease records, the pending one is claimed.
+    assert_eq!(
+        record_timed(&store, &held, 200, midday(0), 8, NextState::Delivered).await,
+        RecordOutcome::Recorded
+    );
+    let c = claim_one(&store, host).await;
+    assert_eq!(c.delivery.id, pending);
+    finish(&store, &c, 200, NextState::Delivered).await;
+    assert_eq!(
+        store.get_delivery(&retrying).await.unwrap().delivery.state,
+        DeliveryState::Pending
+    );
+}
+
+/// A backend that deletes rows (reports no dropped partitions) removes at
+/// most `batch` rows of each table per call and says when more is due.
+pub async fn retention_in_small_batches_says_when_more_is_due(store: Arc<dyn Store>) {
+    let a = store
+        .create_subscription(new_sub("retain-batch.example", None))
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(
+            delivery_ending(&store, &a, "order.created", &[(200, NextState::Delivered)]).await,
+        );
+    }
+    store
+        .accept_event(new_event("nobody.listens", None), vec![])
+        .await
+        .unwrap();
+    let stats = week_of_stats(&store, &a.id).await;
+    assert_eq!(stats.len(), 1);
+    assert_eq!(stats[0].attempts, 3);
+
+    let reports = retain_all(&store, &expire_everything(1)).await;
+    for r in &reports {
+        if r.partitions_dropped == 0 {
+            assert!(
+                r.deliveries <= 1 && r.attempts <= 1 && r.events <= 1,
+                "{reports:?}"
+            );
+        }
+    }
+    assert!(!reports.last().unwrap().more);
+    assert_eq!(removed(&reports), (3, 3, 4), "{reports:?}");
+    for id in &ids {
+        assert!(!delivery_exists(&store, id).await);
+    }
+    assert_eq!(week_of_stats(&store, &a.id).await, stats);
 }

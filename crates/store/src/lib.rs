@@ -23,7 +23,7 @@ pub mod types;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use hookd_domain::{DeliveryId, EventId, SubscriptionId, Timestamp};
+use hookd_domain::{DeliveryId, EventId, JobId, SubscriptionId, Timestamp};
 
 pub use error::StoreError;
 pub use types::*;
@@ -62,7 +62,11 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn all_subscriptions(&self) -> Result<Vec<Subscription>>;
 
     /// Changes the fields set in `patch`. `NotFound` if absent or deleted.
-    /// Bumps the subscription generation.
+    /// Bumps the subscription generation. Setting a `disabled`
+    /// subscription's state to `active` also lowers its
+    /// [`Disabled`](SignalKind::Disabled) signal and ends its failing streak,
+    /// in the same transaction: a later automatic disable is announced
+    /// again, and its period counts from the re-enabling.
     async fn update_subscription(
         &self,
         id: &SubscriptionId,
@@ -157,6 +161,15 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// re-claimed, or released) the attempt row is still written — it
     /// happened — but the delivery is left untouched and `LeaseLost` is
     /// returned: a late result never overwrites a newer claim.
+    ///
+    /// The attempt row keeps the outcome it caused (`record.next`, or none
+    /// when the lease was lost), which the [daily
+    /// rollup](Store::daily_stats) counts. The subscription's failing streak
+    /// (see [`failing_subscriptions`](Store::failing_subscriptions)) follows
+    /// every attempt, recorded or not: a `Delivered` outcome ends it, any
+    /// other starts it at `record.attempt.started_at` unless it has begun.
+    /// Only a change writes the subscription row, so a steady stream of
+    /// successes (or of failures) costs no extra write.
     async fn record_attempt(&self, record: AttemptRecord) -> Result<RecordOutcome>;
 
     /// Extends a live lease to `now + lease`. `false` if the lease was lost.
@@ -212,6 +225,109 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         sub_id: &SubscriptionId,
         since: Timestamp,
     ) -> Result<SubscriptionHealth>;
+
+    // --- bulk replay jobs ---------------------------------------------------
+
+    /// Creates a running replay job and, in the same transaction, fixes its
+    /// items: the subscription's deliveries created in `[since, until)`, of
+    /// one of `event_types` (all when empty), in one of `states` now. `total`
+    /// is their count (0 is allowed: such a job completes on its first
+    /// step). `NotFound` if the subscription is absent or deleted.
+    async fn create_replay_job(&self, new: NewReplayJob) -> Result<ReplayJob>;
+
+    /// One job. `NotFound` if absent.
+    async fn get_replay_job(&self, id: &JobId) -> Result<ReplayJob>;
+
+    /// Cancels a running job: it becomes `cancelled` with `finished_at` set;
+    /// items not re-queued yet never will be, and its counts stop moving.
+    /// Deliveries already re-queued go on as any delivery does. A job that
+    /// has ended is returned unchanged. `NotFound` if absent.
+    async fn cancel_replay_job(&self, id: &JobId) -> Result<ReplayJob>;
+
+    /// Running jobs, oldest first, at most `limit`.
+    async fn running_replay_jobs(&self, limit: u32) -> Result<Vec<ReplayJob>>;
+
+    /// Moves a running job on, atomically; a job that is not running is
+    /// returned as it is.
+    ///
+    /// 1. **Settle**: each re-queued item whose delivery has finished counts
+    ///    as `done` (delivered) or `failed` (`failed`, `dead`); one whose
+    ///    delivery is gone counts as `skipped`.
+    /// 2. **Re-queue**: while fewer than `window` items are re-queued and
+    ///    unsettled, take the next items in delivery id order. A delivery in
+    ///    one of the job's `states` is replayed exactly as
+    ///    [`replay_delivery`](Store::replay_delivery) does; one that is
+    ///    `pending` or `inflight` already (a retry, another job) is left
+    ///    alone and the item waits for it — so two jobs never put one
+    ///    delivery in flight twice; one in another finished state, or gone,
+    ///    or whose subscription is deleted, is `skipped`. `window` 0 only
+    ///    settles (the caller's way to hold a job while its destination's
+    ///    circuit is open).
+    /// 3. **Complete**: with no item left queued or re-queued, the job is
+    ///    `completed`.
+    async fn step_replay_job(&self, id: &JobId, window: u32) -> Result<JobStep>;
+
+    // --- signals ------------------------------------------------------------
+
+    /// Raises a signal for a subscription unless it is raised already with
+    /// the same `detail`: records it (replacing the detail of one raised
+    /// with another) and accepts `notice` — the system event announcing it
+    /// and its deliveries, exactly as [`accept_event`](Store::accept_event)
+    /// would, idempotency key included — in the same transaction. So the
+    /// announcement is neither lost nor sent twice, however many nodes
+    /// raise the same signal. Raising [`Disabled`](SignalKind::Disabled)
+    /// also disables an active subscription (bumping the generation).
+    /// Returns whether this call raised it. `NotFound` if the subscription
+    /// is absent or deleted.
+    async fn raise_signal(
+        &self,
+        sub_id: &SubscriptionId,
+        kind: SignalKind,
+        detail: &str,
+        notice: Option<Notice>,
+    ) -> Result<bool>;
+
+    /// Lowers a signal. Returns whether it was raised.
+    async fn lower_signal(&self, sub_id: &SubscriptionId, kind: SignalKind) -> Result<bool>;
+
+    /// Raised signals of subscriptions that are not deleted, of one kind
+    /// when given, ordered by subscription then kind.
+    async fn raised_signals(&self, kind: Option<SignalKind>) -> Result<Vec<RaisedSignal>>;
+
+    /// Subscriptions (not deleted) with unfinished (`pending` or `inflight`)
+    /// deliveries, with how many.
+    async fn backlogs(&self) -> Result<Vec<Backlog>>;
+
+    /// Active subscriptions whose every attempt since `started_at_or_before`
+    /// (a time on the callers' clock, as attempts' `started_at` is) or
+    /// earlier has failed: their failing streak began then or before, and no
+    /// attempt has delivered since.
+    async fn failing_subscriptions(
+        &self,
+        started_at_or_before: Timestamp,
+    ) -> Result<Vec<SubscriptionId>>;
+
+    // --- retention and the rollup ---------------------------------------------
+
+    /// Removes what `policy` says has expired, folding every attempt it
+    /// removes into the daily rollup in the same transaction, so
+    /// [`daily_stats`](Store::daily_stats) reads the same before and after.
+    /// Unfinished deliveries are never removed, whatever their age. On
+    /// PostgreSQL, deliveries and attempts live in day partitions, and a
+    /// day whose deliveries are all finished and expired is dropped whole
+    /// (§9.3); the unfinished deliveries of an expired day are first moved
+    /// to today's partition with their attempts. On SQLite, rows are
+    /// deleted, at most `policy.batch` per table per call.
+    async fn enforce_retention(&self, policy: &RetentionPolicy) -> Result<RetentionReport>;
+
+    /// A subscription's daily rollup from `since_day` (UTC) on, oldest day
+    /// first, days without attempts left out. Kept forever, also for a
+    /// deleted subscription.
+    async fn daily_stats(
+        &self,
+        sub_id: &SubscriptionId,
+        since_day: chrono::NaiveDate,
+    ) -> Result<Vec<DailyStats>>;
 
     // --- tokens -------------------------------------------------------------
 

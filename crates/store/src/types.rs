@@ -6,7 +6,7 @@ use hookd_domain::delivery::{DeliveryState, ErrorClass};
 use hookd_domain::destination::DestinationUrl;
 use hookd_domain::event_type::{EventType, EventTypePattern};
 use hookd_domain::subscription::{RetryPolicy, SigningKeys, SubscriptionState};
-use hookd_domain::{CustomerId, DeliveryId, EventId, SubscriptionId, Timestamp};
+use hookd_domain::{CustomerId, DeliveryId, EventId, JobId, SubscriptionId, Timestamp};
 
 pub use hookd_domain::subscription::Subscription;
 
@@ -380,6 +380,8 @@ pub struct SubscriptionHealth {
     /// Attempts that started at or after the `since` asked for, by how they
     /// ended, ordered by status (statuses first) then error class name.
     pub attempts: Vec<AttemptCount>,
+    /// Its raised signals, ordered by kind.
+    pub signals: Vec<RaisedSignal>,
 }
 
 impl SubscriptionHealth {
@@ -396,4 +398,245 @@ impl SubscriptionHealth {
             .map(|a| a.count)
             .sum()
     }
+}
+
+// --- bulk replay jobs ------------------------------------------------------
+
+/// A bulk replay job to create (`POST /subscriptions/{id}/replay`).
+#[derive(Debug, Clone)]
+pub struct NewReplayJob {
+    /// Its id (chosen by the caller).
+    pub id: JobId,
+    /// The subscription whose deliveries it replays.
+    pub sub_id: SubscriptionId,
+    /// Only deliveries created at or after this time.
+    pub since: Timestamp,
+    /// Only deliveries created before this time.
+    pub until: Timestamp,
+    /// Only deliveries of these event types (exact types); empty means all.
+    pub event_types: Vec<EventType>,
+    /// Only deliveries in these states when the job is created, and still in
+    /// one of them when the job comes to re-queue them. Only finished states
+    /// (`delivered`, `failed`, `dead`) mean anything: unfinished deliveries
+    /// are on their way already. The caller supplies the default.
+    pub states: Vec<DeliveryState>,
+}
+
+/// Where a replay job is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    /// Re-queuing its deliveries, a window at a time.
+    Running,
+    /// Every item was re-sent and settled, or skipped.
+    Completed,
+    /// Cancelled: items not yet re-queued never will be; those already
+    /// re-queued go on.
+    Cancelled,
+}
+
+impl JobState {
+    /// The name stored and shown (`running`, `completed`, `cancelled`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Running => "running",
+            JobState::Completed => "completed",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    /// The state with this name.
+    pub fn parse(s: &str) -> Option<JobState> {
+        match s {
+            "running" => Some(JobState::Running),
+            "completed" => Some(JobState::Completed),
+            "cancelled" => Some(JobState::Cancelled),
+            _ => None,
+        }
+    }
+}
+
+/// A bulk replay job and its progress.
+///
+/// At creation the deliveries it covers are fixed as its items, so `total`
+/// is exact and never moves. Each item ends in exactly one of `done`,
+/// `failed` or `skipped`; `requeued` counts those re-queued and not settled
+/// yet. So `done + failed + skipped + requeued + queued == total`, where
+/// `queued` (not re-queued yet) is what remains.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayJob {
+    /// Its id.
+    pub id: JobId,
+    /// Its subscription.
+    pub sub_id: SubscriptionId,
+    /// As asked.
+    pub since: Timestamp,
+    /// As asked.
+    pub until: Timestamp,
+    /// As asked (empty: all types).
+    pub event_types: Vec<EventType>,
+    /// As asked.
+    pub states: Vec<DeliveryState>,
+    /// Where it is.
+    pub state: JobState,
+    /// How many deliveries it covers.
+    pub total: u64,
+    /// Re-sent and delivered.
+    pub done: u64,
+    /// Re-sent and finished without delivery (`failed` or `dead` again).
+    pub failed: u64,
+    /// Not re-sent: by the time its turn came the delivery had left the
+    /// job's states (another job or replay delivered it), or was gone
+    /// (retention, or the subscription was deleted).
+    pub skipped: u64,
+    /// Re-queued and not finished yet.
+    pub requeued: u64,
+    /// When it was created (store clock).
+    pub created_at: Timestamp,
+    /// When it completed or was cancelled.
+    pub finished_at: Option<Timestamp>,
+}
+
+/// What one [`step_replay_job`](crate::Store::step_replay_job) did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobStep {
+    /// The job after the step.
+    pub job: ReplayJob,
+    /// How many deliveries this step made `pending` (0 when it only
+    /// settled, or found them queued already).
+    pub requeued: u32,
+}
+
+// --- signals: what hookd tells the platform about a subscription -----------
+
+/// A condition of a subscription that hookd announces with a system event
+/// (`hookd.subscription.<kind>`) when it starts.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum SignalKind {
+    /// hookd disabled it: its destination answered 410 Gone, or every
+    /// attempt failed for the configured period.
+    Disabled,
+    /// Some of its deliveries are `dead` (R3).
+    DeadLettering,
+    /// Most recent failures share one 4xx status (R6).
+    ConfigurationError,
+    /// Ingest refuses events that would fan out to it (R4).
+    Shedding,
+}
+
+impl SignalKind {
+    /// Every kind.
+    pub const ALL: [SignalKind; 4] = [
+        SignalKind::Disabled,
+        SignalKind::DeadLettering,
+        SignalKind::ConfigurationError,
+        SignalKind::Shedding,
+    ];
+
+    /// The name stored (`disabled`, `dead_lettering`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SignalKind::Disabled => "disabled",
+            SignalKind::DeadLettering => "dead_lettering",
+            SignalKind::ConfigurationError => "configuration_error",
+            SignalKind::Shedding => "shedding",
+        }
+    }
+
+    /// The kind with this name.
+    pub fn parse(s: &str) -> Option<SignalKind> {
+        SignalKind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+
+    /// The type of the system event that announces it,
+    /// `hookd.subscription.<kind>`.
+    pub fn event_type(self) -> EventType {
+        EventType::parse(&format!("hookd.subscription.{}", self.as_str()))
+            .expect("system event types are valid event types")
+    }
+}
+
+/// A raised signal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RaisedSignal {
+    /// Whose.
+    pub sub_id: SubscriptionId,
+    /// Which.
+    pub kind: SignalKind,
+    /// Why, in words (`"HTTP 410 Gone"`, `"401"`, `"12000 pending"`).
+    pub detail: String,
+    /// When it was raised (store clock).
+    pub raised_at: Timestamp,
+}
+
+/// A system event announcing a signal, with its fan-out, accepted in the
+/// same transaction that raises the signal.
+#[derive(Debug, Clone)]
+pub struct Notice {
+    /// The event.
+    pub event: NewEvent,
+    /// Its deliveries.
+    pub deliveries: Vec<NewDelivery>,
+}
+
+/// One subscription's unfinished deliveries, for the shedding monitor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backlog {
+    /// The subscription.
+    pub sub_id: SubscriptionId,
+    /// Its `pending` and `inflight` deliveries.
+    pub unfinished: u64,
+}
+
+// --- retention and the daily rollup ----------------------------------------
+
+/// What [`enforce_retention`](crate::Store::enforce_retention) removes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetentionPolicy {
+    /// Finished deliveries created before this time go, with their attempts.
+    /// Unfinished ones (`pending`, `inflight`) are never removed.
+    pub deliveries_before: Timestamp,
+    /// Events created before this time go, once no delivery refers to them.
+    pub events_before: Timestamp,
+    /// On backends that delete rows (SQLite), at most this many rows of each
+    /// table per call, so the writer is never held long.
+    pub batch: u32,
+}
+
+/// What one retention pass removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RetentionReport {
+    /// Deliveries removed.
+    pub deliveries: u64,
+    /// Attempts removed.
+    pub attempts: u64,
+    /// Events removed.
+    pub events: u64,
+    /// Day partitions dropped (PostgreSQL).
+    pub partitions_dropped: u32,
+    /// Whether more is due now (call again after a pause).
+    pub more: bool,
+}
+
+/// One subscription's attempts on one UTC day, kept forever: what was
+/// removed by retention (folded in before removal) plus what is still
+/// stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DailyStats {
+    /// The UTC day.
+    pub day: chrono::NaiveDate,
+    /// Attempts started that day.
+    pub attempts: u64,
+    /// Of those, the ones that delivered (2xx).
+    pub delivered: u64,
+    /// Of those, the ones that ended their delivery `failed`.
+    pub failed: u64,
+    /// Of those, the ones that ended their delivery `dead`.
+    pub dead: u64,
+    /// Those attempts' durations as `(milliseconds, count)`, ascending by
+    /// milliseconds, one entry per distinct value.
+    pub latency_ms: Vec<(u64, u64)>,
 }
