@@ -5,19 +5,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hookd_domain::isolation::{AttemptOutcome, CircuitTransition, OutcomeKind};
-use hookd_domain::subscription::SubscriptionState;
 use hookd_domain::{Clock, Timestamp};
-use hookd_store::{
-    ClaimRequest, ClaimedDelivery, Lease, RecordOutcome, Store, StoreError, SubscriptionPatch,
-};
+use hookd_store::{ClaimRequest, ClaimedDelivery, Lease, RecordOutcome, Store, StoreError};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::DispatchConfig;
 use crate::admission::{Admission, AttemptPermit};
 use crate::record::decide;
 use crate::send::Sender;
+use crate::{DispatchConfig, Observer, StoreObserver};
 
 /// Most destinations looked at in one pass.
 const DESTINATIONS_PER_PASS: u32 = 512;
@@ -42,6 +39,16 @@ struct Inner {
     wake: Arc<Notify>,
     /// Nudged whenever an attempt ends and frees capacity.
     slot_freed: Notify,
+    /// Told about finished attempts and 410s; set once by the binary.
+    observer: std::sync::OnceLock<Arc<dyn Observer>>,
+}
+
+impl Inner {
+    fn observer(&self) -> Arc<dyn Observer> {
+        self.observer
+            .get_or_init(|| Arc::new(StoreObserver::new(self.store.clone())))
+            .clone()
+    }
 }
 
 /// Why the dispatcher could not be built.
@@ -97,8 +104,30 @@ impl Dispatcher {
                 clock,
                 wake,
                 slot_freed: Notify::new(),
+                observer: std::sync::OnceLock::new(),
             }),
         })
+    }
+
+    /// Installs the [`Observer`] (before [`run`](Self::run); the first one
+    /// set, or the plain [`StoreObserver`] if none is, stays).
+    pub fn set_observer(&self, observer: Arc<dyn Observer>) {
+        let _ = self.inner.observer.set(observer);
+    }
+
+    /// The store this dispatcher works on.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    /// The notification that makes the dispatcher look for work at once.
+    pub fn wake(&self) -> &Arc<Notify> {
+        &self.inner.wake
+    }
+
+    /// The configuration it runs with.
+    pub fn config(&self) -> &DispatchConfig {
+        &self.inner.config
     }
 
     /// Per-destination admission state (for health and metrics).
@@ -353,17 +382,11 @@ async fn run_attempt(inner: &Inner, claimed: &ClaimedDelivery) -> AttemptOutcome
         ),
         None => {}
     }
+    let observer = inner.observer();
+    observer.attempt_finished(&claimed.subscription.id);
     if disable {
-        let patch = SubscriptionPatch {
-            state: Some(SubscriptionState::Disabled),
-            ..Default::default()
-        };
-        match inner
-            .store
-            .update_subscription(&claimed.subscription.id, patch)
-            .await
-        {
-            Ok(_) => {
+        match observer.destination_gone(&claimed.subscription).await {
+            Ok(()) => {
                 tracing::warn!(sub_id = %claimed.subscription.id, "destination answered 410 Gone: subscription disabled")
             }
             Err(e) => {

@@ -14,14 +14,63 @@
 pub mod admission;
 mod claim;
 pub mod record;
+mod replay;
 pub mod send;
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
+use hookd_domain::SubscriptionId;
 use hookd_domain::isolation::AdmissionConfig;
 use hookd_domain::retry::RetrySchedule;
+use hookd_store::{SignalKind, Store, StoreError, Subscription};
 
 pub use claim::Dispatcher;
+
+/// What the dispatcher tells the rest of the process about subscriptions.
+/// The binary installs one that feeds the health monitor and announces
+/// signals as system events; without it, [`StoreObserver`] does the store
+/// part alone.
+#[async_trait]
+pub trait Observer: Send + Sync + std::fmt::Debug {
+    /// An attempt of one of its deliveries finished, whatever the outcome
+    /// (cheap: called once per attempt).
+    fn attempt_finished(&self, sub_id: &SubscriptionId);
+
+    /// Its destination answered 410 Gone: disable it, and say so.
+    async fn destination_gone(&self, sub: &Subscription) -> Result<(), StoreError>;
+}
+
+/// The observer used when none is installed: disables a subscription whose
+/// destination is gone by raising its [`Disabled`](SignalKind::Disabled)
+/// signal, without a system event.
+#[derive(Debug)]
+pub struct StoreObserver {
+    store: Arc<dyn Store>,
+}
+
+impl StoreObserver {
+    /// Over `store`.
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        Self { store }
+    }
+}
+
+/// The detail of the [`Disabled`](SignalKind::Disabled) signal a 410 raises.
+pub const GONE_DETAIL: &str = "the destination answered 410 Gone";
+
+#[async_trait]
+impl Observer for StoreObserver {
+    fn attempt_finished(&self, _sub_id: &SubscriptionId) {}
+
+    async fn destination_gone(&self, sub: &Subscription) -> Result<(), StoreError> {
+        self.store
+            .raise_signal(&sub.id, SignalKind::Disabled, GONE_DETAIL, None)
+            .await
+            .map(|_| ())
+    }
+}
 
 /// Everything the dispatcher needs to be told. Built by the binary from its
 /// configuration; every field is explicit because none has an honest
@@ -57,6 +106,8 @@ pub struct DispatchConfig {
     pub retry: RetrySchedule,
     /// Most response-body bytes read per attempt.
     pub max_response_bytes: usize,
+    /// How often running bulk replay jobs are moved on.
+    pub replay_every: Duration,
 }
 
 impl DispatchConfig {
@@ -77,6 +128,7 @@ impl DispatchConfig {
             shutdown_grace: Duration::from_secs(10),
             retry: RetrySchedule::default(),
             max_response_bytes: 64 * 1024,
+            replay_every: Duration::from_millis(250),
         }
     }
 
