@@ -24,30 +24,40 @@ const DEFAULT_LIMIT: u32 = 50;
 const MAX_LIMIT: u32 = 250;
 
 /// A delivery as the API shows it, with its attempts (oldest first).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub(crate) struct DeliveryView {
+    #[schema(value_type = String)]
     delivery_id: DeliveryId,
+    #[schema(value_type = String)]
     event_id: EventId,
+    #[schema(value_type = String)]
     sub_id: SubscriptionId,
+    #[schema(value_type = String)]
     event_type: EventType,
     destination_host: String,
+    #[schema(value_type = crate::openapi::DeliveryState)]
     state: DeliveryState,
     attempt: u32,
     /// `null` once the delivery is final: no attempt is scheduled.
+    #[schema(value_type = Option<String>, format = DateTime)]
     next_attempt_at: Option<Timestamp>,
     last_status: Option<u16>,
     last_error: Option<String>,
+    #[schema(value_type = String, format = DateTime)]
     created_at: Timestamp,
+    #[schema(value_type = String, format = DateTime)]
     updated_at: Timestamp,
     attempts: Vec<AttemptView>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 struct AttemptView {
     number: u32,
+    #[schema(value_type = String, format = DateTime)]
     started_at: Timestamp,
     duration_ms: u64,
     status: Option<u16>,
+    #[schema(value_type = Option<crate::openapi::ErrorClass>)]
     error_class: Option<ErrorClass>,
     response_snippet: Option<String>,
 }
@@ -90,9 +100,11 @@ impl From<DeliveryDetail> for DeliveryView {
 }
 
 /// The response to a delivery listing.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = DeliveryPage)]
 struct Page {
     data: Vec<DeliveryView>,
+    #[schema(value_type = Option<String>)]
     next_cursor: Option<DeliveryId>,
 }
 
@@ -103,6 +115,30 @@ fn parse_time(s: &str) -> Result<Timestamp, String> {
 }
 
 /// `GET /subscriptions/{id}/deliveries`.
+#[utoipa::path(
+    get,
+    path = "/subscriptions/{id}/deliveries",
+    operation_id = "list_deliveries",
+    tag = "deliveries",
+    params(
+        ("id" = String, Path, description = "The subscription's id (`sub_…`)."),
+        ("status" = Option<crate::openapi::DeliveryState>, Query, description = "Only deliveries in this state."),
+        ("since" = Option<String>, Query, format = DateTime, description = "Only deliveries created at or after this time (RFC 3339)."),
+        ("until" = Option<String>, Query, format = DateTime, description = "Only deliveries created before this time (RFC 3339)."),
+        ("event_type" = Option<String>, Query, description = "Only deliveries of this event type."),
+        ("cursor" = Option<String>, Query, description = "The `next_cursor` of the previous page."),
+        ("limit" = Option<u32>, Query, description = "Page size, 1 to 250; 50 when absent."),
+    ),
+    responses(
+        (status = 200, description = "A page of the subscription's deliveries.", body = Page),
+        (status = 400, description = "Malformed request: bad JSON, a wrong type, a missing or unknown field or query parameter.", body = crate::error::Body),
+        (status = 401, description = "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).", body = crate::error::Body),
+        (status = 404, description = "No such subscription, or not the caller's (also a malformed id).", body = crate::error::Body),
+        (status = 500, description = "Internal error.", body = crate::error::Body),
+        (status = 503, description = "The store is unavailable; retry shortly (`Retry-After`).", body = crate::error::Body),
+    ),
+    security(("bearer" = [])),
+)]
 pub(crate) async fn list_for_subscription(
     State(state): State<AppState>,
     caller: Caller,
@@ -146,6 +182,23 @@ pub(crate) async fn list_for_subscription(
 }
 
 /// `GET /deliveries/{id}`.
+#[utoipa::path(
+    get,
+    path = "/deliveries/{id}",
+    operation_id = "get_delivery",
+    tag = "deliveries",
+    params(
+        ("id" = String, Path, description = "The delivery's id (`dlv_…`)."),
+    ),
+    responses(
+        (status = 200, description = "The delivery and its attempts, oldest first.", body = DeliveryView),
+        (status = 401, description = "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).", body = crate::error::Body),
+        (status = 404, description = "No such delivery, or not the caller's (also a malformed id).", body = crate::error::Body),
+        (status = 500, description = "Internal error.", body = crate::error::Body),
+        (status = 503, description = "The store is unavailable; retry shortly (`Retry-After`).", body = crate::error::Body),
+    ),
+    security(("bearer" = [])),
+)]
 pub(crate) async fn get(
     State(state): State<AppState>,
     caller: Caller,
@@ -158,6 +211,24 @@ pub(crate) async fn get(
 /// back to pending with a fresh retry window; its `webhook-id` does not
 /// change, so a consumer that already processed it can recognise it. A
 /// delivery that is already pending or in flight is left as it is.
+#[utoipa::path(
+    post,
+    path = "/deliveries/{id}/replay",
+    operation_id = "replay_delivery",
+    tag = "deliveries",
+    params(
+        ("id" = String, Path, description = "The delivery's id (`dlv_…`)."),
+    ),
+    responses(
+        (status = 202, description = "Queued again (or left as it was, if pending or in flight).", body = DeliveryView),
+        (status = 401, description = "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).", body = crate::error::Body),
+        (status = 404, description = "No such delivery, or not the caller's (also a malformed id).", body = crate::error::Body),
+        (status = 409, description = "The record's state forbids it.", body = crate::error::Body),
+        (status = 500, description = "Internal error.", body = crate::error::Body),
+        (status = 503, description = "The store is unavailable; retry shortly (`Retry-After`).", body = crate::error::Body),
+    ),
+    security(("bearer" = [])),
+)]
 pub(crate) async fn replay(
     State(state): State<AppState>,
     caller: Caller,

@@ -40,6 +40,13 @@ pub enum ApiError {
     /// A uniqueness rule was broken.
     #[error("{0}")]
     Conflict(String),
+    /// The event would fan out to subscriptions whose backlog is stuck over
+    /// the shedding threshold (R4's escape valve): refused, nothing written.
+    #[error(
+        "refused: the backlog of subscription(s) {} is over the shedding threshold and not shrinking; retry later",
+        .0.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+    )]
+    Shedding(Vec<hookd_domain::SubscriptionId>),
     /// The store could not be reached; retrying shortly may succeed.
     #[error("the store is unavailable")]
     Unavailable(#[source] StoreError),
@@ -77,6 +84,7 @@ impl ApiError {
             }
             Self::Validation(_) => (StatusCode::UNPROCESSABLE_ENTITY, "validation_failed"),
             Self::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            Self::Shedding(_) => (StatusCode::TOO_MANY_REQUESTS, "shedding"),
             Self::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
@@ -94,14 +102,24 @@ impl From<StoreError> for ApiError {
     }
 }
 
-#[derive(Serialize)]
-struct Body<'a> {
+/// `Retry-After` on a shed event: the monitor looks again about this often,
+/// so sooner would only be refused again.
+const SHEDDING_RETRY_AFTER_SECS: &str = "30";
+
+/// The body of every error answer.
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = ErrorBody)]
+pub(crate) struct Body<'a> {
     error: Detail<'a>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = ErrorDetail)]
 struct Detail<'a> {
+    /// Stable, for programs; the HTTP status follows from it.
+    #[schema(value_type = crate::openapi::ErrorCode)]
     code: &'a str,
+    /// For people: names the field or parameter at fault, when there is one.
     message: &'a str,
 }
 
@@ -146,6 +164,12 @@ impl IntoResponse for ApiError {
         match self {
             Self::Unavailable(_) => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            Self::Shedding(_) => {
+                headers.insert(
+                    header::RETRY_AFTER,
+                    HeaderValue::from_static(SHEDDING_RETRY_AFTER_SECS),
+                );
             }
             Self::Unauthorized => {
                 headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

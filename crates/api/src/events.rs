@@ -22,6 +22,10 @@ use crate::error::ApiError;
 use crate::extract::{IdPath, JsonBody};
 use crate::subscriptions::owner_for;
 
+/// Event types under this prefix are hookd's own system events
+/// (`hookd.subscription.disabled`, …): producers cannot post them.
+const SYSTEM_PREFIX: &str = "hookd.";
+
 /// The longest idempotency key accepted, in characters.
 const MAX_IDEMPOTENCY_KEY_CHARS: usize = 255;
 
@@ -29,13 +33,14 @@ const MAX_IDEMPOTENCY_KEY_CHARS: usize = 255;
 /// at most as many subscriptions as exist; past this the list is cut.
 const MAX_EVENT_DELIVERIES: u32 = 1000;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct CreateEvent {
     #[serde(rename = "type")]
     event_type: String,
     /// Kept as the producer's exact text, so what we deliver is byte-for-byte
     /// what was sent (signatures are over those bytes).
+    #[schema(value_type = Value)]
     payload: Box<RawValue>,
     #[serde(default)]
     idempotency_key: Option<String>,
@@ -43,30 +48,61 @@ pub(crate) struct CreateEvent {
     customer_id: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 struct AcceptedView {
+    #[schema(value_type = String)]
     event_id: EventId,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub(crate) struct EventView {
+    #[schema(value_type = String)]
     event_id: EventId,
     #[serde(rename = "type")]
+    #[schema(value_type = String)]
     event_type: EventType,
+    #[schema(value_type = Value)]
     payload: Box<RawValue>,
     idempotency_key: Option<String>,
+    #[schema(value_type = Option<String>)]
     customer_id: Option<CustomerId>,
+    #[schema(value_type = String, format = DateTime)]
     created_at: Timestamp,
     deliveries: Vec<DeliveryView>,
 }
 
 /// `POST /events`.
+#[utoipa::path(
+    post,
+    path = "/events",
+    operation_id = "create_event",
+    tag = "events",
+    request_body = CreateEvent,
+    responses(
+        (status = 202, description = "Committed with all its deliveries: the event will be delivered. A repeated idempotency key answers the first event's id.", body = AcceptedView),
+        (status = 400, description = "Malformed request: bad JSON, a wrong type, a missing or unknown field or query parameter.", body = crate::error::Body),
+        (status = 401, description = "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).", body = crate::error::Body),
+        (status = 413, description = "The body is over the limit.", body = crate::error::Body),
+        (status = 415, description = "The body is not declared as JSON.", body = crate::error::Body),
+        (status = 422, description = "A value is refused; the message names the field.", body = crate::error::Body),
+        (status = 500, description = "Internal error.", body = crate::error::Body),
+        (status = 503, description = "The store is unavailable; retry shortly (`Retry-After`).", body = crate::error::Body),
+        (status = 429, description = "Refused, nothing written: it would fan out to a subscription whose backlog is stuck over the shedding threshold.", body = crate::error::Body, headers(("Retry-After" = u32, description = "Seconds to wait before retrying."))),
+    ),
+    security(("bearer" = [])),
+)]
 pub(crate) async fn create(
     State(state): State<AppState>,
     caller: Caller,
     JsonBody(req): JsonBody<CreateEvent>,
 ) -> Result<(StatusCode, Json<impl Serialize>), ApiError> {
     let event_type = EventType::parse(&req.event_type).map_err(|e| ApiError::invalid("type", e))?;
+    if event_type.as_str().starts_with(SYSTEM_PREFIX) {
+        return Err(ApiError::invalid(
+            "type",
+            format!("`{SYSTEM_PREFIX}` event types are hookd's own and cannot be posted"),
+        ));
+    }
     let payload = req.payload.get();
     let limit = state.config().max_payload_bytes;
     if payload.len() > limit {
@@ -96,6 +132,16 @@ pub(crate) async fn create(
             destination_host: t.destination_host.to_string(),
         })
         .collect();
+    // R4's escape valve: refuse, before writing anything, an event that
+    // would add to a backlog that is stuck over the threshold.
+    let shedding = state
+        .inner
+        .signals
+        .shedding_among(deliveries.iter().map(|d| d.sub_id));
+    if !shedding.is_empty() {
+        metrics::counter!("hookd_events_shed_total").increment(1);
+        return Err(ApiError::Shedding(shedding));
+    }
     let fanout = deliveries.len();
     let event = NewEvent {
         id: EventId::new(),
@@ -126,6 +172,23 @@ pub(crate) async fn create(
 }
 
 /// `GET /events/{id}`.
+#[utoipa::path(
+    get,
+    path = "/events/{id}",
+    operation_id = "get_event",
+    tag = "events",
+    params(
+        ("id" = String, Path, description = "The event's id (`evt_…`)."),
+    ),
+    responses(
+        (status = 200, description = "The event, its payload as sent, and its deliveries.", body = EventView),
+        (status = 401, description = "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).", body = crate::error::Body),
+        (status = 404, description = "No such event, or not the caller's (also a malformed id).", body = crate::error::Body),
+        (status = 500, description = "Internal error.", body = crate::error::Body),
+        (status = 503, description = "The store is unavailable; retry shortly (`Retry-After`).", body = crate::error::Body),
+    ),
+    security(("bearer" = [])),
+)]
 pub(crate) async fn get(
     State(state): State<AppState>,
     caller: Caller,

@@ -18,7 +18,7 @@ use hookd_domain::SubscriptionId;
 use hookd_domain::health::{LikelyConfigurationError, likely_configuration_error};
 use hookd_domain::isolation::CircuitState;
 use hookd_domain::subscription::SubscriptionState;
-use hookd_store::{StoreError, SubscriptionHealth};
+use hookd_store::{SignalKind, StoreError, SubscriptionHealth};
 use serde::Serialize;
 
 use crate::AppState;
@@ -29,7 +29,7 @@ use crate::subscriptions::visible;
 
 /// How far back attempts count towards the success rate, the status counts
 /// and the configuration-error judgement.
-const WINDOW: chrono::Duration = chrono::Duration::hours(1);
+pub(crate) const WINDOW: chrono::Duration = chrono::Duration::hours(1);
 
 /// A destination host's live isolation state, as the running dispatcher
 /// sees it.
@@ -49,11 +49,14 @@ pub struct DestinationView {
 pub type DestinationState = Arc<dyn Fn(&str) -> Option<DestinationView> + Send + Sync>;
 
 /// The response body.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub(crate) struct HealthView {
+    #[schema(value_type = String)]
     sub_id: SubscriptionId,
+    #[schema(value_type = crate::openapi::SubscriptionState)]
     state: SubscriptionState,
     destination_host: String,
+    #[schema(value_type = crate::openapi::CircuitState)]
     circuit_state: CircuitState,
     in_flight: u32,
     /// `null` when this process has not sent to the host yet.
@@ -70,10 +73,43 @@ pub(crate) struct HealthView {
     /// The window's attempts by status (`"200"`) or error class (`"timeout"`).
     last_status_counts: BTreeMap<String, u64>,
     /// Advisory (R6): most failures share one 4xx status.
+    #[schema(value_type = Option<crate::openapi::LikelyConfigurationError>)]
     likely_configuration_error: Option<LikelyConfigurationError>,
+    /// Ingest refuses events for it with 429 (R4's escape valve): its
+    /// backlog is over the threshold and has not shrunk.
+    shedding: bool,
+    /// What hookd has announced about it (`hookd.subscription.*` events)
+    /// and not withdrawn.
+    signals: Vec<SignalView>,
+}
+
+/// A raised signal, as `/health` shows it.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct SignalView {
+    #[schema(value_type = crate::openapi::SignalKind)]
+    kind: SignalKind,
+    detail: String,
+    raised_at: chrono::DateTime<chrono::Utc>,
 }
 
 /// `GET /subscriptions/{id}/health`. Another customer's subscription is 404.
+#[utoipa::path(
+    get,
+    path = "/subscriptions/{id}/health",
+    operation_id = "get_subscription_health",
+    tag = "subscriptions",
+    params(
+        ("id" = String, Path, description = "The subscription's id (`sub_…`)."),
+    ),
+    responses(
+        (status = 200, description = "The subscription's health.", body = HealthView),
+        (status = 401, description = "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).", body = crate::error::Body),
+        (status = 404, description = "No such subscription, or not the caller's (also a malformed id).", body = crate::error::Body),
+        (status = 500, description = "Internal error.", body = crate::error::Body),
+        (status = 503, description = "The store is unavailable; retry shortly (`Retry-After`).", body = crate::error::Body),
+    ),
+    security(("bearer" = [])),
+)]
 pub(crate) async fn get(
     State(state): State<AppState>,
     caller: Caller,
@@ -121,11 +157,19 @@ fn view(
             *m.entry(k).or_insert(0) += n;
             m
         });
-    let failures = health
-        .attempts
+    let shedding = health
+        .signals
         .iter()
-        .filter(|a| !a.status.is_some_and(|s| (200..300).contains(&s)))
-        .map(|a| (a.status, a.count));
+        .any(|s| s.kind == SignalKind::Shedding);
+    let signals = health
+        .signals
+        .iter()
+        .map(|s| SignalView {
+            kind: s.kind,
+            detail: s.detail.clone(),
+            raised_at: s.raised_at,
+        })
+        .collect();
     HealthView {
         sub_id,
         state,
@@ -142,8 +186,20 @@ fn view(
         dead_count: health.dead_count,
         oldest_dead_at: health.oldest_dead_at,
         last_status_counts,
-        likely_configuration_error: likely_configuration_error(failures),
+        likely_configuration_error: configuration_error(health),
+        shedding,
+        signals,
     }
+}
+
+/// R6's judgement over the window's failed attempts (everything not 2xx).
+pub(crate) fn configuration_error(health: &SubscriptionHealth) -> Option<LikelyConfigurationError> {
+    let failures = health
+        .attempts
+        .iter()
+        .filter(|a| !a.status.is_some_and(|s| (200..300).contains(&s)))
+        .map(|a| (a.status, a.count));
+    likely_configuration_error(failures)
 }
 
 /// Where the binary puts its lookup; empty until then (every host then

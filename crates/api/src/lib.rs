@@ -21,6 +21,12 @@
 //!   their JSON shapes.
 //! - `rotation`: signing-secret rotation with a grace window (at most two
 //!   live secrets); `tokens`: admin-made customer tokens, stored hashed.
+//! - `jobs`: bulk replay jobs; `stats`: the daily rollup.
+//! - `openapi`: the OpenAPI document served at `/openapi.json`, generated
+//!   from the handlers' annotations; its route list is the router's.
+//! - `signals`: the subscription monitor (shedding, disabling,
+//!   dead-lettering, configuration errors) and the `hookd.subscription.*`
+//!   system events that announce them.
 //!
 //! # What this crate must not do
 //! Name a storage backend (it sees only `Arc<dyn Store>`), write SQL, send
@@ -35,15 +41,18 @@ mod events;
 mod extract;
 mod fanout;
 mod health;
+mod jobs;
 pub mod metrics;
+mod openapi;
 mod rotation;
+mod signals;
+mod stats;
 mod subscriptions;
 mod tokens;
 
 use std::sync::Arc;
 
 use axum::Router;
-use axum::routing::get;
 use hookd_domain::destination::DestinationPolicy;
 use hookd_store::Store;
 use tokio::net::TcpListener;
@@ -53,7 +62,9 @@ use tokio_util::sync::CancellationToken;
 pub use auth::hash_token;
 pub use error::ApiError;
 pub use health::{DestinationState, DestinationView};
+pub use openapi::document as openapi_document;
 pub use rotation::{DEFAULT_GRACE_SECS, MAX_GRACE_SECS};
+pub use signals::MonitorConfig;
 pub use tokens::{create_customer_token, generate_token};
 
 /// The largest event payload accepted by default (256 KiB).
@@ -108,6 +119,7 @@ struct Inner {
     /// Reads a destination's live isolation state for `/health`, once the
     /// binary has installed the lookup.
     destination_state: health::DestinationStateSlot,
+    signals: signals::Signals,
 }
 
 impl AppState {
@@ -123,6 +135,7 @@ impl AppState {
                 wake,
                 metrics: metrics::MetricsSlot::default(),
                 destination_state: health::DestinationStateSlot::default(),
+                signals: signals::Signals::default(),
             }),
         }
     }
@@ -174,43 +187,26 @@ impl AppState {
     }
 }
 
-/// The API's routes. Every route except `/healthz` needs a bearer token.
+/// The API's routes. Every route except `/healthz` and `/openapi.json` needs
+/// a bearer token. The routes come from [`openapi::routes`], the one list
+/// the OpenAPI document is built from too.
 pub fn router(state: AppState) -> Router {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics::metrics))
-        .route(
-            "/subscriptions",
-            get(subscriptions::list).post(subscriptions::create),
-        )
-        .route(
-            "/subscriptions/{id}",
-            get(subscriptions::get)
-                .patch(subscriptions::update)
-                .delete(subscriptions::delete),
-        )
-        .route("/subscriptions/{id}/health", get(health::get))
-        .route(
-            "/subscriptions/{id}/deliveries",
-            get(deliveries::list_for_subscription),
-        )
-        .route(
-            "/subscriptions/{id}/secret/rotate",
-            axum::routing::post(rotation::rotate_secret),
-        )
-        .route("/tokens", axum::routing::post(tokens::create))
-        .route("/events", axum::routing::post(events::create))
-        .route("/events/{id}", get(events::get))
-        .route("/deliveries/{id}", get(deliveries::get))
-        .route(
-            "/deliveries/{id}/replay",
-            axum::routing::post(deliveries::replay),
-        )
+    let (routes, _document) = openapi::routes().split_for_parts();
+    routes
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .with_state(state)
 }
 
+/// `GET /healthz`: the process is up. Needs no token.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "meta",
+    responses(
+        (status = 200, description = "The process is up.", body = Object, example = json!({"status": "ok"})),
+    ),
+)]
 async fn healthz() -> axum::Json<serde_json::Value> {
     axum::Json(serde_json::json!({ "status": "ok" }))
 }

@@ -33,12 +33,13 @@ pub const DEFAULT_GRACE_SECS: u64 = 86_400;
 pub const MAX_GRACE_SECS: u64 = 7 * 86_400;
 
 /// The optional body of a rotation.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RotateSecret {
     /// Any JSON number, so that `-1` or `2.5` is a 422 naming the field,
     /// like other values out of bounds; a non-number is a 400.
     #[serde(default)]
+    #[schema(value_type = Option<u64>)]
     grace_secs: Option<serde_json::Number>,
 }
 
@@ -62,11 +63,13 @@ impl<T: serde::de::DeserializeOwned + Default> FromRequest<AppState> for Optiona
 }
 
 /// The rotation's answer: the new secret, shown this once.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 struct Rotated {
+    #[schema(value_type = String)]
     sub_id: SubscriptionId,
     secret: String,
     /// When the previous secret stops signing.
+    #[schema(value_type = String, format = DateTime)]
     previous_expires_at: Timestamp,
 }
 
@@ -93,6 +96,27 @@ fn rotate(keys: SigningKeys, new: SigningSecret, until: Timestamp) -> SigningKey
 }
 
 /// `POST /subscriptions/{id}/secret/rotate`.
+#[utoipa::path(
+    post,
+    path = "/subscriptions/{id}/secret/rotate",
+    tag = "subscriptions",
+    params(
+        ("id" = String, Path, description = "The subscription's id (`sub_…`)."),
+    ),
+    request_body(content = Option<RotateSecret>, description = "Optional: an empty body means the default grace window.", content_type = "application/json"),
+    responses(
+        (status = 200, description = "The new secret, shown this once; the previous one signs until `previous_expires_at`.", body = Rotated),
+        (status = 400, description = "Malformed request: bad JSON, a wrong type, a missing or unknown field or query parameter.", body = crate::error::Body),
+        (status = 401, description = "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).", body = crate::error::Body),
+        (status = 404, description = "No such subscription, or not the caller's (also a malformed id).", body = crate::error::Body),
+        (status = 413, description = "The body is over the limit.", body = crate::error::Body),
+        (status = 415, description = "The body is not declared as JSON.", body = crate::error::Body),
+        (status = 422, description = "A value is refused; the message names the field.", body = crate::error::Body),
+        (status = 500, description = "Internal error.", body = crate::error::Body),
+        (status = 503, description = "The store is unavailable; retry shortly (`Retry-After`).", body = crate::error::Body),
+    ),
+    security(("bearer" = [])),
+)]
 pub(crate) async fn rotate_secret(
     State(state): State<AppState>,
     caller: Caller,

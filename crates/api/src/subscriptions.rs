@@ -31,22 +31,29 @@ const MAX_LIMIT: u32 = 250;
 const MAX_DESCRIPTION_CHARS: usize = 1024;
 
 /// A subscription as the API shows it. The secret is never part of it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub(crate) struct SubscriptionView {
+    #[schema(value_type = String)]
     sub_id: SubscriptionId,
     url: String,
+    #[schema(value_type = Vec<String>)]
     event_types: Vec<EventTypePattern>,
+    #[schema(value_type = Option<String>)]
     customer_id: Option<CustomerId>,
     ordered: bool,
+    #[schema(value_type = crate::openapi::RetryPolicy)]
     retry_policy: RetryPolicy,
     /// Attempts per second at the destination host; `null` is adaptive.
     rate_limit: Option<u32>,
     /// Attempts in flight at once to the destination host; `null` is the
     /// server-wide cap.
     max_concurrency: Option<u32>,
+    #[schema(value_type = crate::openapi::SubscriptionState)]
     state: SubscriptionState,
     description: Option<String>,
+    #[schema(value_type = String, format = DateTime)]
     created_at: Timestamp,
+    #[schema(value_type = String, format = DateTime)]
     updated_at: Timestamp,
 }
 
@@ -70,14 +77,14 @@ impl From<Subscription> for SubscriptionView {
 }
 
 /// The creation response: the subscription and, this once, its secret.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 struct CreatedView {
     #[serde(flatten)]
     subscription: SubscriptionView,
     secret: String,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct CreateSubscription {
     url: String,
@@ -89,21 +96,24 @@ pub(crate) struct CreateSubscription {
     #[serde(default)]
     ordered: Option<bool>,
     #[serde(default)]
+    #[schema(value_type = Option<crate::openapi::RetryPolicy>)]
     retry_policy: Option<RetryPolicy>,
     /// Any JSON number, so that `0`, `-1` or `2.5` reach
     /// [`check_rate_limit`] and are refused with 422 like other values out
     /// of bounds; a string or other non-number is still a 400.
     #[serde(default)]
+    #[schema(value_type = Option<u32>)]
     rate_limit: Option<serde_json::Number>,
     /// Any JSON number, for the same reason: out of bounds is 422 from
     /// [`check_max_concurrency`], a non-number 400.
     #[serde(default)]
+    #[schema(value_type = Option<u32>)]
     max_concurrency: Option<serde_json::Number>,
     #[serde(default)]
     description: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct PatchSubscription {
     #[serde(default)]
@@ -113,17 +123,22 @@ pub(crate) struct PatchSubscription {
     #[serde(default)]
     ordered: Option<bool>,
     #[serde(default)]
+    #[schema(value_type = Option<crate::openapi::RetryPolicy>)]
     retry_policy: Option<RetryPolicy>,
     #[serde(default)]
+    #[schema(value_type = Option<crate::openapi::SubscriptionState>)]
     state: Option<String>,
     /// Absent leaves it; `null` clears it (adaptive again).
     #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<u32>)]
     rate_limit: Option<Option<serde_json::Number>>,
     /// Absent leaves it; `null` clears it (the server-wide cap again).
     #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<u32>)]
     max_concurrency: Option<Option<serde_json::Number>>,
     /// Absent leaves it; `null` clears it.
     #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<String>)]
     description: Option<Option<String>>,
 }
 
@@ -135,9 +150,11 @@ fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
 }
 
 /// The response to `GET /subscriptions`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = SubscriptionPage)]
 struct Page {
     data: Vec<SubscriptionView>,
+    #[schema(value_type = Option<String>)]
     next_cursor: Option<SubscriptionId>,
 }
 
@@ -250,6 +267,24 @@ pub(crate) async fn visible(
 }
 
 /// `POST /subscriptions`.
+#[utoipa::path(
+    post,
+    path = "/subscriptions",
+    operation_id = "create_subscription",
+    tag = "subscriptions",
+    request_body = CreateSubscription,
+    responses(
+        (status = 201, description = "Created; the signing secret is shown this once.", body = CreatedView),
+        (status = 400, description = "Malformed request: bad JSON, a wrong type, a missing or unknown field or query parameter.", body = crate::error::Body),
+        (status = 401, description = "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).", body = crate::error::Body),
+        (status = 413, description = "The body is over the limit.", body = crate::error::Body),
+        (status = 415, description = "The body is not declared as JSON.", body = crate::error::Body),
+        (status = 422, description = "A value is refused; the message names the field.", body = crate::error::Body),
+        (status = 500, description = "Internal error.", body = crate::error::Body),
+        (status = 503, description = "The store is unavailable; retry shortly (`Retry-After`).", body = crate::error::Body),
+    ),
+    security(("bearer" = [])),
+)]
 pub(crate) async fn create(
     State(state): State<AppState>,
     caller: Caller,
@@ -295,6 +330,25 @@ pub(crate) async fn create(
 }
 
 /// `GET /subscriptions`.
+#[utoipa::path(
+    get,
+    path = "/subscriptions",
+    operation_id = "list_subscriptions",
+    tag = "subscriptions",
+    params(
+        ("customer_id" = Option<String>, Query, description = "Only this customer's. A customer token asking for another customer gets an empty page."),
+        ("cursor" = Option<String>, Query, description = "The `next_cursor` of the previous page."),
+        ("limit" = Option<u32>, Query, description = "Page size, 1 to 250; 50 when absent."),
+    ),
+    responses(
+        (status = 200, description = "A page of subscriptions, oldest first.", body = Page),
+        (status = 400, description = "Malformed request: bad JSON, a wrong type, a missing or unknown field or query parameter.", body = crate::error::Body),
+        (status = 401, description = "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).", body = crate::error::Body),
+        (status = 500, description = "Internal error.", body = crate::error::Body),
+        (status = 503, description = "The store is unavailable; retry shortly (`Retry-After`).", body = crate::error::Body),
+    ),
+    security(("bearer" = [])),
+)]
 pub(crate) async fn list(
     State(state): State<AppState>,
     caller: Caller,
@@ -336,6 +390,23 @@ pub(crate) async fn list(
 }
 
 /// `GET /subscriptions/{id}`.
+#[utoipa::path(
+    get,
+    path = "/subscriptions/{id}",
+    operation_id = "get_subscription",
+    tag = "subscriptions",
+    params(
+        ("id" = String, Path, description = "The subscription's id (`sub_…`)."),
+    ),
+    responses(
+        (status = 200, description = "The subscription.", body = SubscriptionView),
+        (status = 401, description = "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).", body = crate::error::Body),
+        (status = 404, description = "No such subscription, or not the caller's (also a malformed id).", body = crate::error::Body),
+        (status = 500, description = "Internal error.", body = crate::error::Body),
+        (status = 503, description = "The store is unavailable; retry shortly (`Retry-After`).", body = crate::error::Body),
+    ),
+    security(("bearer" = [])),
+)]
 pub(crate) async fn get(
     State(state): State<AppState>,
     caller: Caller,
@@ -345,6 +416,28 @@ pub(crate) async fn get(
 }
 
 /// `PATCH /subscriptions/{id}`.
+#[utoipa::path(
+    patch,
+    path = "/subscriptions/{id}",
+    operation_id = "update_subscription",
+    tag = "subscriptions",
+    params(
+        ("id" = String, Path, description = "The subscription's id (`sub_…`)."),
+    ),
+    request_body = PatchSubscription,
+    responses(
+        (status = 200, description = "The subscription after the change (unchanged if the body changes nothing).", body = SubscriptionView),
+        (status = 400, description = "Malformed request: bad JSON, a wrong type, a missing or unknown field or query parameter.", body = crate::error::Body),
+        (status = 401, description = "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).", body = crate::error::Body),
+        (status = 404, description = "No such subscription, or not the caller's (also a malformed id).", body = crate::error::Body),
+        (status = 413, description = "The body is over the limit.", body = crate::error::Body),
+        (status = 415, description = "The body is not declared as JSON.", body = crate::error::Body),
+        (status = 422, description = "A value is refused; the message names the field.", body = crate::error::Body),
+        (status = 500, description = "Internal error.", body = crate::error::Body),
+        (status = 503, description = "The store is unavailable; retry shortly (`Retry-After`).", body = crate::error::Body),
+    ),
+    security(("bearer" = [])),
+)]
 pub(crate) async fn update(
     State(state): State<AppState>,
     caller: Caller,
@@ -424,6 +517,23 @@ pub(crate) async fn write(
 }
 
 /// `DELETE /subscriptions/{id}`.
+#[utoipa::path(
+    delete,
+    path = "/subscriptions/{id}",
+    operation_id = "delete_subscription",
+    tag = "subscriptions",
+    params(
+        ("id" = String, Path, description = "The subscription's id (`sub_…`)."),
+    ),
+    responses(
+        (status = 204, description = "Deleted."),
+        (status = 401, description = "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).", body = crate::error::Body),
+        (status = 404, description = "No such subscription, or not the caller's (also a malformed id).", body = crate::error::Body),
+        (status = 500, description = "Internal error.", body = crate::error::Body),
+        (status = 503, description = "The store is unavailable; retry shortly (`Retry-After`).", body = crate::error::Body),
+    ),
+    security(("bearer" = [])),
+)]
 pub(crate) async fn delete(
     State(state): State<AppState>,
     caller: Caller,

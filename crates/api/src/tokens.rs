@@ -46,7 +46,7 @@ pub async fn create_customer_token(
     Ok(token)
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct CreateToken {
     customer_id: String,
@@ -54,13 +54,34 @@ pub(crate) struct CreateToken {
     label: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = CreatedToken)]
 struct Created {
     token: String,
+    #[schema(value_type = String)]
     customer_id: CustomerId,
 }
 
 /// `POST /tokens` (admin only).
+#[utoipa::path(
+    post,
+    path = "/tokens",
+    operation_id = "create_token",
+    tag = "tokens",
+    request_body = CreateToken,
+    responses(
+        (status = 201, description = "The token, shown this once.", body = Created),
+        (status = 400, description = "Malformed request: bad JSON, a wrong type, a missing or unknown field or query parameter.", body = crate::error::Body),
+        (status = 401, description = "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).", body = crate::error::Body),
+        (status = 404, description = "The caller is a customer token: only an admin makes tokens.", body = crate::error::Body),
+        (status = 413, description = "The body is over the limit.", body = crate::error::Body),
+        (status = 415, description = "The body is not declared as JSON.", body = crate::error::Body),
+        (status = 422, description = "A value is refused; the message names the field.", body = crate::error::Body),
+        (status = 500, description = "Internal error.", body = crate::error::Body),
+        (status = 503, description = "The store is unavailable; retry shortly (`Retry-After`).", body = crate::error::Body),
+    ),
+    security(("bearer" = [])),
+)]
 pub(crate) async fn create(
     State(state): State<AppState>,
     caller: Caller,
