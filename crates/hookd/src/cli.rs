@@ -29,6 +29,8 @@ enum Command {
     /// Manage API tokens.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Replay a subscription's deliveries as a job, showing its progress.
+    Replay(crate::replay::ReplayArgs),
 }
 
 /// `hookd token …`.
@@ -125,6 +127,27 @@ pub struct ServeArgs {
     /// On shutdown, how long in-flight attempts may take to finish.
     #[arg(long, env = "HOOKD_SHUTDOWN_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
     shutdown_grace: Duration,
+    /// Shed at ingest (429) for a subscription with at least this many
+    /// unfinished deliveries that have not shrunk over --shed-window.
+    #[arg(long, env = "HOOKD_SHED_BACKLOG", default_value_t = 10_000)]
+    shed_backlog: u64,
+    /// How long a backlog over --shed-backlog must not have shrunk.
+    #[arg(long, env = "HOOKD_SHED_WINDOW", default_value = "10m", value_parser = humantime::parse_duration)]
+    shed_window: Duration,
+    /// Disable a subscription whose every attempt has failed for this long
+    /// (its deliveries are kept and flow again when it is re-enabled).
+    #[arg(long, env = "HOOKD_DISABLE_AFTER", default_value = "5days", value_parser = humantime::parse_duration)]
+    disable_after: Duration,
+    /// How often the subscription monitor looks (shedding, disabling,
+    /// dead-lettering, configuration errors).
+    #[arg(long, env = "HOOKD_MONITOR_EVERY", default_value = "5s", value_parser = humantime::parse_duration)]
+    monitor_every: Duration,
+    /// How long finished deliveries and their attempts are kept.
+    #[arg(long, env = "HOOKD_RETAIN_DELIVERIES", default_value = "7days", value_parser = humantime::parse_duration)]
+    retain_deliveries: Duration,
+    /// How long events are kept (while no delivery refers to them).
+    #[arg(long, env = "HOOKD_RETAIN_EVENTS", default_value = "30days", value_parser = humantime::parse_duration)]
+    retain_events: Duration,
 }
 
 impl Cli {
@@ -141,6 +164,7 @@ impl Cli {
             }
             Command::Listen(args) => crate::listen::run(args).await,
             Command::Token(TokenCommand::Create(args)) => create_token(args).await,
+            Command::Replay(args) => crate::replay::run(args).await,
         }
     }
 }
@@ -191,14 +215,29 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .map_err(anyhow::Error::msg)
         .context("checking the dispatcher settings")?;
 
-    let config = AppConfig {
-        database: args.db.database,
-        allow_private_destinations: args.allow_private_destinations,
-        admin_token: std::env::var("HOOKD_ADMIN_TOKEN")
-            .ok()
-            .filter(|t| !t.is_empty()),
-        dispatch,
+    anyhow::ensure!(
+        args.retain_events >= args.retain_deliveries,
+        "--retain-events must be at least --retain-deliveries: a delivery needs its event"
+    );
+    anyhow::ensure!(
+        !args.monitor_every.is_zero(),
+        "--monitor-every must be more than 0"
+    );
+    let mut config = AppConfig::new(args.db.database, dispatch);
+    config.allow_private_destinations = args.allow_private_destinations;
+    config.admin_token = std::env::var("HOOKD_ADMIN_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty());
+    config.monitor = hookd_api::MonitorConfig {
+        every: args.monitor_every,
+        shedding: hookd_domain::shedding::SheddingConfig {
+            threshold: args.shed_backlog,
+            window: to_chrono(args.shed_window, "--shed-window")?,
+        },
+        disable_after: to_chrono(args.disable_after, "--disable-after")?,
     };
+    config.retention.deliveries = args.retain_deliveries;
+    config.retention.events = args.retain_events;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding the API to {}", args.listen))?;
@@ -220,6 +259,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!("signal received: shutting down");
     });
     app.run().await
+}
+
+fn to_chrono(d: Duration, flag: &str) -> anyhow::Result<chrono::Duration> {
+    chrono::Duration::from_std(d).map_err(|_| anyhow::anyhow!("{flag} is too long"))
 }
 
 /// How `hookd serve` exits when a failpoint armed with `exit` is hit.

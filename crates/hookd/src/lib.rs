@@ -8,6 +8,9 @@
 
 pub mod cli;
 pub mod listen;
+pub mod maintenance;
+mod replay;
 mod serve;
 
+pub use maintenance::RetentionConfig;
 pub use serve::{App, AppConfig, open_store};

@@ -5,11 +5,14 @@ use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 
 use anyhow::Context as _;
-use hookd_dispatch::{DispatchConfig, Dispatcher};
-use hookd_domain::SystemClock;
+use hookd_api::MonitorConfig;
+use hookd_dispatch::{DispatchConfig, Dispatcher, Observer};
 use hookd_domain::destination::DestinationPolicy;
 use hookd_domain::isolation::CircuitState;
-use hookd_store::{NewToken, Store};
+use hookd_domain::{SubscriptionId, SystemClock};
+use hookd_store::{NewToken, SignalKind, Store, StoreError, Subscription};
+
+use crate::maintenance::RetentionConfig;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
@@ -27,6 +30,46 @@ pub struct AppConfig {
     pub admin_token: Option<String>,
     /// The dispatcher's settings.
     pub dispatch: DispatchConfig,
+    /// The subscription monitor's settings (shedding, disabling).
+    pub monitor: MonitorConfig,
+    /// How long history is kept.
+    pub retention: RetentionConfig,
+}
+
+impl AppConfig {
+    /// The defaults for everything but the database and the dispatcher.
+    pub fn new(database: String, dispatch: DispatchConfig) -> Self {
+        Self {
+            database,
+            allow_private_destinations: false,
+            admin_token: None,
+            dispatch,
+            monitor: MonitorConfig::default(),
+            retention: RetentionConfig::default(),
+        }
+    }
+}
+
+/// Connects the dispatcher to the API's monitor: every finished attempt
+/// marks its subscription for re-judging, and a 410 disables the
+/// subscription with a `hookd.subscription.disabled` event.
+#[derive(Debug)]
+struct MonitorObserver {
+    state: hookd_api::AppState,
+}
+
+#[async_trait::async_trait]
+impl Observer for MonitorObserver {
+    fn attempt_finished(&self, sub_id: &SubscriptionId) {
+        self.state.touch(sub_id);
+    }
+
+    async fn destination_gone(&self, sub: &Subscription) -> Result<(), StoreError> {
+        self.state
+            .announce(sub, SignalKind::Disabled, hookd_dispatch::GONE_DETAIL)
+            .await
+            .map(|_| ())
+    }
 }
 
 /// A built application, ready to run.
@@ -37,6 +80,9 @@ pub struct App {
     local_addr: SocketAddr,
     router: axum::Router,
     dispatcher: Dispatcher,
+    state: hookd_api::AppState,
+    monitor: MonitorConfig,
+    retention: RetentionConfig,
     shutdown: CancellationToken,
     generated_admin_token: Option<String>,
     database: String,
@@ -186,7 +232,10 @@ impl App {
             state.set_metrics(render_metrics(handle, &dispatcher));
         }
         state.set_destination_state(destination_state(&dispatcher));
-        let router = hookd_api::router(state);
+        dispatcher.set_observer(Arc::new(MonitorObserver {
+            state: state.clone(),
+        }));
+        let router = hookd_api::router(state.clone());
         let local_addr = listener
             .local_addr()
             .context("reading the listen address")?;
@@ -196,6 +245,9 @@ impl App {
             local_addr,
             router,
             dispatcher,
+            state,
+            monitor: config.monitor,
+            retention: config.retention,
             shutdown: CancellationToken::new(),
             generated_admin_token,
             database: config.database,
@@ -220,6 +272,11 @@ impl App {
     /// The dispatcher.
     pub fn dispatcher(&self) -> &Dispatcher {
         &self.dispatcher
+    }
+
+    /// The API's shared state (the monitor lives there).
+    pub fn state(&self) -> &hookd_api::AppState {
+        &self.state
     }
 
     /// The admin token generated at first start, if one was.
@@ -250,6 +307,23 @@ impl App {
             api_shutdown.cancel();
             let _ = api_tx.send(("api", res));
         });
+        // The background helpers end with the shutdown token; they hold no
+        // work of their own (their state is in the store), so they need no
+        // grace period.
+        let replay = self.dispatcher.clone();
+        let replay_shutdown = shutdown.clone();
+        tracker.spawn(async move { replay.run_replay_jobs(replay_shutdown).await });
+        let (state, monitor, monitor_shutdown) =
+            (self.state.clone(), self.monitor.clone(), shutdown.clone());
+        tracker.spawn(async move { state.run_monitor(monitor, monitor_shutdown).await });
+        let (store, retention, retention_shutdown) =
+            (self.store.clone(), self.retention.clone(), shutdown.clone());
+        tracker.spawn(crate::maintenance::run_retention(
+            store,
+            retention,
+            retention_shutdown,
+        ));
+
         let dispatch_shutdown = shutdown.clone();
         let dispatcher = self.dispatcher;
         tracker.spawn(async move {

@@ -115,13 +115,33 @@ pub async fn spawn_app_configured(
     guard: Box<dyn std::any::Any + Send>,
     dispatch: hookd_dispatch::DispatchConfig,
 ) -> TestApp {
+    spawn_app_full(database, guard, |c| c.dispatch = dispatch).await
+}
+
+/// Like [`spawn_app`], with the whole application configuration adjusted
+/// by `tune` (monitor, retention, dispatcher).
+pub async fn spawn_app_tuned(
+    backend: Backend,
+    tune: impl FnOnce(&mut AppConfig),
+) -> Option<TestApp> {
+    let (database, guard) = fresh_database(backend).await?;
+    Some(spawn_app_full(database, guard, tune).await)
+}
+
+/// The application on `database` with the test settings, adjusted by
+/// `tune`.
+pub async fn spawn_app_full(
+    database: String,
+    guard: Box<dyn std::any::Any + Send>,
+    tune: impl FnOnce(&mut AppConfig),
+) -> TestApp {
     let token = "test-admin-token".to_owned();
-    let config = AppConfig {
-        database: database.clone(),
-        allow_private_destinations: true,
-        admin_token: Some(token.clone()),
-        dispatch,
-    };
+    let mut config = AppConfig::new(database.clone(), test_dispatch_config("test-worker"));
+    config.allow_private_destinations = true;
+    config.admin_token = Some(token.clone());
+    config.monitor.every = Duration::from_millis(100);
+    config.dispatch.replay_every = Duration::from_millis(50);
+    tune(&mut config);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let app = App::build(config, listener).await.expect("the app builds");
     let addr = app.local_addr();
@@ -217,6 +237,8 @@ impl Drop for TestApp {
 pub struct Received {
     pub headers: HeaderMap,
     pub body: Bytes,
+    /// When it arrived.
+    pub at: std::time::Instant,
 }
 
 impl Received {
@@ -257,11 +279,13 @@ impl Received {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct ReceiverState {
     received: Mutex<Vec<Received>>,
     script: Mutex<VecDeque<u16>>,
     default_status: AtomicU16,
+    /// While `true`, requests wait (unanswered) until it turns `false`.
+    held: tokio::sync::watch::Sender<bool>,
 }
 
 /// A real HTTP receiver on a loopback address, whose answers can be set.
@@ -275,15 +299,26 @@ impl TestReceiver {
     /// A receiver on `ip` (e.g. "127.0.0.2": distinct addresses are distinct
     /// destination hosts), answering 200 until told otherwise.
     pub async fn start(ip: &str) -> Self {
-        let state = Arc::new(ReceiverState::default());
-        state.default_status.store(200, Ordering::SeqCst);
+        let state = Arc::new(ReceiverState {
+            received: Mutex::default(),
+            script: Mutex::default(),
+            default_status: AtomicU16::new(200),
+            held: tokio::sync::watch::Sender::new(false),
+        });
         let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let st = state.clone();
         let app = axum::Router::new().fallback(move |headers: HeaderMap, body: Bytes| {
             let st = st.clone();
             async move {
-                st.received.lock().unwrap().push(Received { headers, body });
+                let mut held = st.held.subscribe();
+                // Waits while held; a closed channel (never) would release.
+                let _ = held.wait_for(|h| !*h).await;
+                st.received.lock().unwrap().push(Received {
+                    headers,
+                    body,
+                    at: std::time::Instant::now(),
+                });
                 let code = st
                     .script
                     .lock()
@@ -315,6 +350,22 @@ impl TestReceiver {
     /// Answers the next requests with `statuses`, in order, then the default.
     pub fn script(&self, statuses: &[u16]) {
         self.state.script.lock().unwrap().extend(statuses);
+    }
+
+    /// Answers every later request (after any script) with `status`.
+    pub fn set_status(&self, status: u16) {
+        self.state.default_status.store(status, Ordering::SeqCst);
+    }
+
+    /// Holds every request unanswered until [`release`](Self::release):
+    /// a destination that accepts connections and never finishes.
+    pub fn hold(&self) {
+        self.state.held.send_replace(true);
+    }
+
+    /// Lets held requests (and later ones) through.
+    pub fn release(&self) {
+        self.state.held.send_replace(false);
     }
 
     pub fn received(&self) -> Vec<Received> {

@@ -5,13 +5,16 @@
 mod helpers;
 mod private_pg;
 
+mod announcements;
 mod attempts;
 mod crash;
 mod crash_points;
 mod delivery;
 mod guarantee;
 mod health;
+mod history;
 mod isolation;
+mod jobs;
 mod pg_faults;
 mod process;
 mod rotation;
