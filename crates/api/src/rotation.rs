@@ -8,9 +8,13 @@
 //! at the attempt ([`SigningKeys::live`]), so during the window each delivery
 //! carries two signatures and verifies with either secret.
 //!
-//! Rotation reads the subscription and writes its keys back; two rotations
-//! of the same subscription at the same moment are last-writer-wins, and the
-//! losing call's secret never signs (its caller should rotate again).
+//! Rotation reads the subscription and writes its keys back. Within one
+//! process rotations take turns, so two concurrent calls give two
+//! consecutive rotations (the second's `previous` is the first's new
+//! secret). Two PostgreSQL nodes rotating one subscription at the same
+//! moment are still last-writer-wins, and the losing call's secret never
+//! signs (its caller should rotate again); a compare-and-set in the store
+//! would close that, and is left for the scale-out work.
 
 use axum::Json;
 use axum::extract::{FromRequest, Request, State};
@@ -117,6 +121,9 @@ fn rotate(keys: SigningKeys, new: SigningSecret, until: Timestamp) -> SigningKey
     ),
     security(("bearer" = [])),
 )]
+/// Serialises rotations in this process.
+static ROTATIONS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 pub(crate) async fn rotate_secret(
     State(state): State<AppState>,
     caller: Caller,
@@ -124,6 +131,13 @@ pub(crate) async fn rotate_secret(
     OptionalJsonBody(req): OptionalJsonBody<RotateSecret>,
 ) -> Result<Json<impl Serialize>, ApiError> {
     let grace = check_grace(req.grace_secs)?;
+    // Read, rotate, write: two rotations of one subscription interleaving
+    // here would both answer 200 while one's secret was overwritten. Held
+    // across the whole read-modify-write, this makes concurrent rotations
+    // on one node take turns (rotations are rare; one lock for all is
+    // enough). Across PostgreSQL nodes the race remains: see the note in
+    // the module docs.
+    let _turn = ROTATIONS.lock().await;
     let sub = visible(&state, &caller, &id).await?;
     let new = SigningSecret::generate();
     let exposed = new.expose();

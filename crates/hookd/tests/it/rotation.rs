@@ -83,3 +83,31 @@ async fn deliveries_verify_with_either_secret_during_the_grace_window_only(backe
     assert!(!r.signed_by(&old), "the old secret no longer does");
     app.stop().await;
 }
+
+crate::on_both_backends!(two_concurrent_rotations_both_take_effect);
+
+/// Two rotations at once take turns: the later one's `previous` is the
+/// earlier one's new secret, so both callers' secrets verify during the
+/// grace window — neither call answers 200 with a secret that never signs.
+async fn two_concurrent_rotations_both_take_effect(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let rx = TestReceiver::start("127.0.0.62").await;
+    let sub = app.subscribe(&rx.url(), &["key.*"]).await;
+    let sub_id = sub["sub_id"].as_str().unwrap();
+    let path = format!("/subscriptions/{sub_id}/secret/rotate");
+    let rotate = || async {
+        let r = app.post(&path, &json!({ "grace_secs": 3600 })).await;
+        assert_eq!(r.status(), 200);
+        let v: serde_json::Value = r.json().await.unwrap();
+        v["secret"].as_str().unwrap().to_owned()
+    };
+    let (a, b) = tokio::join!(rotate(), rotate());
+    assert_ne!(a, b);
+    let r = deliver_one(&app, &rx, 0).await;
+    assert_eq!(signatures(&r).count(), 2, "{}", r.header("webhook-signature"));
+    assert!(r.signed_by(&a), "the first rotation's secret signs");
+    assert!(r.signed_by(&b), "the second rotation's secret signs");
+    app.stop().await;
+}
