@@ -88,8 +88,12 @@ impl Dispatcher {
         wake: Arc<Notify>,
     ) -> Result<Self, BuildError> {
         config.validate().map_err(BuildError::Config)?;
-        let sender = Sender::new(config.attempt_timeout, config.max_response_bytes)
-            .map_err(BuildError::Http)?;
+        let sender = Sender::new(
+            config.attempt_timeout,
+            config.max_response_bytes,
+            config.egress.clone(),
+        )
+        .map_err(BuildError::Http)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 store,

@@ -13,6 +13,7 @@
 
 pub mod admission;
 mod claim;
+pub mod egress;
 pub mod record;
 mod replay;
 pub mod send;
@@ -108,12 +109,16 @@ pub struct DispatchConfig {
     pub max_response_bytes: usize,
     /// How often running bulk replay jobs are moved on.
     pub replay_every: Duration,
+    /// Where attempts may go (the connect-time SSRF check), how host names
+    /// are resolved, and the outbound proxy.
+    pub egress: egress::Egress,
 }
 
 impl DispatchConfig {
     /// The design's values (§6, §7): lease 90 s, timeout 30 s, renewal every
     /// 30 s, 20 in flight per host, breaker/rate/ramp as in
-    /// `hookd_domain::isolation`.
+    /// `hookd_domain::isolation`; public destinations only, system
+    /// resolver, no proxy.
     pub fn standard(worker_id: String) -> Self {
         Self {
             worker_id,
@@ -129,6 +134,7 @@ impl DispatchConfig {
             retry: RetrySchedule::default(),
             max_response_bytes: 64 * 1024,
             replay_every: Duration::from_millis(250),
+            egress: egress::Egress::default(),
         }
     }
 

@@ -89,7 +89,7 @@ fn describe(result: AttemptResult) -> Option<String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::time::Duration;
 
     use hookd_domain::classify::AttemptResult;
@@ -103,7 +103,11 @@ mod tests {
 
     use super::*;
 
-    fn claimed(clock: &FakeClock, attempts_so_far: u32, policy: RetryPolicy) -> ClaimedDelivery {
+    pub(crate) fn claimed(
+        clock: &FakeClock,
+        attempts_so_far: u32,
+        policy: RetryPolicy,
+    ) -> ClaimedDelivery {
         let now = clock.now();
         let (event_id, sub_id, id) = (EventId::new(), SubscriptionId::new(), DeliveryId::new());
         let event_type = EventType::parse("invoice.paid").unwrap();
@@ -185,7 +189,7 @@ mod tests {
         }
     }
 
-    fn clock() -> FakeClock {
+    pub(crate) fn clock() -> FakeClock {
         FakeClock::new(chrono::DateTime::from_timestamp(1_700_000_000, 0).unwrap())
     }
 
@@ -289,6 +293,26 @@ mod tests {
         assert_eq!(
             d.record.last_error.as_deref(),
             Some("HTTP 302: redirects are not followed")
+        );
+    }
+
+    #[test]
+    fn a_forbidden_destination_fails_at_once_and_does_not_count_against_the_host() {
+        let clock = clock();
+        let c = claimed(&clock, 0, RetryPolicy::default());
+        let result = AttemptResult::Error(ErrorClass::ForbiddenDestination);
+        let d = run(&c, sent(&clock, 1, result), clock.now(), 0.5);
+        assert_eq!(d.record.next, NextState::Failed, "never retried");
+        assert_eq!(
+            d.record.last_error.as_deref(),
+            Some("forbidden_destination")
+        );
+        assert!(!d.disable_subscription);
+        // Our refusal, not the destination's failure: neutral for the
+        // circuit breaker and the adaptive rate.
+        assert_eq!(
+            hookd_domain::isolation::OutcomeKind::from_verdict(d.verdict),
+            hookd_domain::isolation::OutcomeKind::PermanentFailure
         );
     }
 }

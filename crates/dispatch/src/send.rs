@@ -7,8 +7,21 @@
 //! followed, and the whole exchange (connect, headers, body) runs under one
 //! deadline, reading at most a bounded number of body bytes, so a trickling
 //! or endless body cannot hold a worker past its timeout.
+//!
+//! Before anything is sent, the destination's address is checked against the
+//! [`DestinationPolicy`](hookd_domain::destination::DestinationPolicy) (see
+//! [`egress`](crate::egress)); a refusal is recorded as
+//! `forbidden_destination` and no request leaves the process.
+//!
+//! A receiver gets exactly these headers: `host`, `content-type`,
+//! `content-length`, `accept` (reqwest's `*/*`), `user-agent` ([`USER_AGENT`]),
+//! `webhook-id`, `webhook-timestamp`, `webhook-signature` and
+//! `idempotency-key`. Nothing internal to hookd (worker, lease, attempt
+//! number, …) is sent.
 
 use std::error::Error as _;
+use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use hookd_domain::classify::AttemptResult;
@@ -17,7 +30,10 @@ use hookd_domain::signing;
 use hookd_domain::{Clock, Timestamp};
 use hookd_store::{Attempt, ClaimedDelivery, MAX_SNIPPET_BYTES};
 
-/// The `User-Agent` of every attempt.
+use crate::egress::{CheckedResolver, Egress, ForbiddenAddress, LookupError, resolve_checked};
+
+/// The `User-Agent` of every attempt: `hookd/<version> (+webhooks)`. Stable,
+/// so receivers may allowlist or route on it; it names no deployment.
 pub const USER_AGENT: &str = concat!("hookd/", env!("CARGO_PKG_VERSION"), " (+webhooks)");
 
 /// Sends attempts over a pooled HTTP client.
@@ -26,6 +42,7 @@ pub struct Sender {
     client: reqwest::Client,
     timeout: Duration,
     max_response_bytes: usize,
+    egress: Egress,
 }
 
 /// What one attempt produced.
@@ -38,21 +55,74 @@ pub struct Sent {
 }
 
 impl Sender {
-    /// A sender with one shared connection pool.
-    pub fn new(timeout: Duration, max_response_bytes: usize) -> Result<Self, reqwest::Error> {
-        let client = reqwest::Client::builder()
+    /// A sender with one shared connection pool, sending as `egress`
+    /// says: host names resolved through its resolver and checked against
+    /// its policy on every new connection, through its proxy if it has one.
+    pub fn new(
+        timeout: Duration,
+        max_response_bytes: usize,
+        egress: Egress,
+    ) -> Result<Self, reqwest::Error> {
+        let mut builder = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .user_agent(USER_AGENT)
             .connect_timeout(timeout)
             .pool_idle_timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(64)
-            .tcp_nodelay(true)
-            .build()?;
+            .tcp_nodelay(true);
+        builder = match &egress.proxy {
+            // The proxy resolves the target; this client resolves only the
+            // proxy's own name, which the policy must not judge (a proxy
+            // is typically private). The target is checked in `send`.
+            Some(proxy) => builder.proxy(reqwest::Proxy::all(proxy.as_str())?),
+            // Never pick up HTTP(S)_PROXY / ALL_PROXY from the environment
+            // silently: egress goes where the operator configured it.
+            None => builder
+                .no_proxy()
+                .dns_resolver(Arc::new(CheckedResolver::new(
+                    egress.resolver.clone(),
+                    egress.policy,
+                ))),
+        };
         Ok(Self {
-            client,
+            client: builder.build()?,
             timeout,
             max_response_bytes,
+            egress,
         })
+    }
+
+    /// Checks what reqwest's resolver will not see: an IP-literal host
+    /// (never resolved), and with a proxy, the host itself (the proxy
+    /// resolves it). `Err` is the error class to record, without sending.
+    async fn precheck(&self, url: &url::Url) -> Result<(), ErrorClass> {
+        let policy = &self.egress.policy;
+        if !policy.checks_addresses() {
+            return Ok(());
+        }
+        let refuse = |e: ForbiddenAddress| {
+            tracing::warn!(error = %e, "attempt refused: forbidden destination");
+            ErrorClass::ForbiddenDestination
+        };
+        match url.host() {
+            Some(url::Host::Ipv4(ip)) => {
+                crate::egress::check_addrs(policy, &ip.to_string(), &[IpAddr::V4(ip)])
+                    .map_err(refuse)
+            }
+            Some(url::Host::Ipv6(ip)) => {
+                crate::egress::check_addrs(policy, &ip.to_string(), &[IpAddr::V6(ip)])
+                    .map_err(refuse)
+            }
+            Some(url::Host::Domain(host)) if self.egress.proxy.is_some() => {
+                // Residual window: the proxy resolves the name again later.
+                match resolve_checked(self.egress.resolver.as_ref(), policy, host).await {
+                    Ok(_) => Ok(()),
+                    Err(LookupError::Forbidden(e)) => Err(refuse(e)),
+                    Err(LookupError::Dns { .. }) => Err(ErrorClass::Dns),
+                }
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Makes one attempt of `claimed` as its `number`-th attempt.
@@ -83,19 +153,12 @@ impl Sender {
         // comes first. A status already received stands even if the body
         // is cut off: the destination has answered.
         let deadline = tokio::time::Instant::now() + self.timeout;
-        let (result, snippet) = match tokio::time::timeout_at(deadline, request.send()).await {
+        let checked =
+            tokio::time::timeout_at(deadline, self.precheck(claimed.subscription.url.url())).await;
+        let (result, snippet) = match checked {
             Err(_) => (AttemptResult::Error(ErrorClass::Timeout), None),
-            Ok(Err(e)) => (AttemptResult::Error(classify_error(&e)), None),
-            Ok(Ok(response)) => {
-                let code = response.status().as_u16();
-                let retry_after = response
-                    .headers()
-                    .get(reqwest::header::RETRY_AFTER)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| parse_retry_after(v, started_at));
-                let snippet = read_bounded(response, self.max_response_bytes, deadline).await;
-                (AttemptResult::Status { code, retry_after }, Some(snippet))
-            }
+            Ok(Err(class)) => (AttemptResult::Error(class), None),
+            Ok(Ok(())) => self.exchange(request, started_at, deadline).await,
         };
         let (status, error_class) = match result {
             AttemptResult::Status { code, .. } => (Some(code), None),
@@ -111,6 +174,37 @@ impl Sender {
                 response_snippet: snippet.filter(|s| !s.is_empty()),
             },
             result,
+        }
+    }
+}
+
+impl Sender {
+    /// Sends `request` and reads the answer, all before `deadline`.
+    async fn exchange(
+        &self,
+        request: reqwest::RequestBuilder,
+        started_at: Timestamp,
+        deadline: tokio::time::Instant,
+    ) -> (AttemptResult, Option<String>) {
+        match tokio::time::timeout_at(deadline, request.send()).await {
+            Err(_) => (AttemptResult::Error(ErrorClass::Timeout), None),
+            Ok(Err(e)) => {
+                let class = classify_error(&e);
+                if class == ErrorClass::ForbiddenDestination {
+                    tracing::warn!(error = %error_chain(&e), "attempt refused: forbidden destination");
+                }
+                (AttemptResult::Error(class), None)
+            }
+            Ok(Ok(response)) => {
+                let code = response.status().as_u16();
+                let retry_after = response
+                    .headers()
+                    .get(reqwest::header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| parse_retry_after(v, started_at));
+                let snippet = read_bounded(response, self.max_response_bytes, deadline).await;
+                (AttemptResult::Status { code, retry_after }, Some(snippet))
+            }
         }
     }
 }
@@ -190,16 +284,13 @@ fn classify_error(e: &reqwest::Error) -> ErrorClass {
     if e.is_redirect() {
         return ErrorClass::Redirect;
     }
-    let chain = {
-        let mut text = e.to_string();
-        let mut src = e.source();
-        while let Some(s) = src {
-            text.push_str(": ");
-            text.push_str(&s.to_string());
-            src = s.source();
-        }
-        text.to_ascii_lowercase()
-    };
+    if forbidden_in_chain(e) {
+        return ErrorClass::ForbiddenDestination;
+    }
+    let chain = error_chain(e).to_ascii_lowercase();
+    if chain.contains("forbidden destination:") {
+        return ErrorClass::ForbiddenDestination;
+    }
     if chain.contains("dns error")
         || chain.contains("failed to lookup")
         || chain.contains("name or service not known")
@@ -213,6 +304,31 @@ fn classify_error(e: &reqwest::Error) -> ErrorClass {
     } else {
         ErrorClass::Other
     }
+}
+
+/// Whether our resolver's refusal is somewhere down the connector's error
+/// chain.
+fn forbidden_in_chain(e: &reqwest::Error) -> bool {
+    let mut src = e.source();
+    while let Some(s) = src {
+        if s.downcast_ref::<ForbiddenAddress>().is_some() {
+            return true;
+        }
+        src = s.source();
+    }
+    false
+}
+
+/// An error and its sources, `: `-separated.
+fn error_chain(e: &reqwest::Error) -> String {
+    let mut text = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        src = s.source();
+    }
+    text
 }
 
 #[cfg(test)]
@@ -237,5 +353,261 @@ mod tests {
         let s = snippet_text(&long.as_bytes()[..MAX_SNIPPET_BYTES - 1]);
         assert!(s.len() <= MAX_SNIPPET_BYTES);
         assert!(s.chars().all(|c| c == 'é'));
+    }
+}
+
+/// The connect-time check, end to end through reqwest, against receivers on
+/// loopback addresses and a resolver with fixed answers.
+#[cfg(test)]
+mod egress_tests {
+    use std::io::{Read as _, Write as _};
+    use std::net::{Ipv4Addr, TcpListener};
+    use std::sync::Arc;
+
+    use hookd_domain::destination::{DestinationPolicy, DestinationUrl, parse_cidr};
+    use hookd_domain::subscription::RetryPolicy;
+
+    use super::*;
+    use crate::egress::{Egress, StaticResolver};
+    use crate::record::tests::{claimed, clock};
+
+    /// A one-request HTTP receiver on `ip`: answers 204 and hands back the
+    /// request head.
+    fn receiver(ip: Ipv4Addr) -> (TcpListener, u16) {
+        let l = TcpListener::bind((ip, 0)).unwrap();
+        let port = l.local_addr().unwrap().port();
+        (l, port)
+    }
+
+    fn serve_one(l: TcpListener) -> std::thread::JoinHandle<String> {
+        std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            // Head, then the body's content-length bytes.
+            loop {
+                let n = s.read(&mut chunk).unwrap();
+                buf.extend_from_slice(&chunk[..n]);
+                let text = String::from_utf8_lossy(&buf).to_string();
+                if let Some(end) = text.find("\r\n\r\n") {
+                    let len = text[..end]
+                        .lines()
+                        .find_map(|l| {
+                            let (k, v) = l.split_once(':')?;
+                            k.eq_ignore_ascii_case("content-length")
+                                .then(|| v.trim().parse::<usize>().ok())?
+                        })
+                        .unwrap_or(0);
+                    if buf.len() >= end + 4 + len || n == 0 {
+                        s.write_all(b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                            .unwrap();
+                        return text[..end].to_owned();
+                    }
+                }
+                if n == 0 {
+                    return text;
+                }
+            }
+        })
+    }
+
+    /// Whether a connection is waiting on `l` (the handshake completes
+    /// before the client's connect returns, so no wait is needed).
+    fn was_connected(l: &TcpListener) -> bool {
+        l.set_nonblocking(true).unwrap();
+        !matches!(l.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    }
+
+    fn sender(policy: DestinationPolicy, resolver: Arc<StaticResolver>) -> Sender {
+        Sender::new(
+            Duration::from_secs(10),
+            64 * 1024,
+            Egress {
+                policy,
+                resolver,
+                proxy: None,
+            },
+        )
+        .unwrap()
+    }
+
+    async fn attempt(sender: &Sender, url: &str) -> Sent {
+        let clock = clock();
+        let mut c = claimed(&clock, 0, RetryPolicy::default());
+        c.subscription.url = DestinationUrl::parse(url, DestinationPolicy::AllowPrivate).unwrap();
+        sender.send(&c, 1, &clock).await
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_name_that_rebinds_to_a_forbidden_address_is_refused_before_connecting() {
+        let (listener, port) = receiver(Ipv4Addr::LOCALHOST);
+        for answer in [
+            vec![ip("127.0.0.1")],
+            // Any forbidden address refuses the lookup, even beside a public one.
+            vec![ip("93.184.216.34"), ip("127.0.0.1")],
+            vec![ip("::ffff:127.0.0.1")],
+        ] {
+            let resolver = Arc::new(StaticResolver::new([("rebind.test", answer.clone())]));
+            let s = sender(DestinationPolicy::PublicOnly, resolver.clone());
+            let sent = attempt(&s, &format!("http://rebind.test:{port}/hook")).await;
+            assert_eq!(
+                sent.result,
+                AttemptResult::Error(ErrorClass::ForbiddenDestination),
+                "{answer:?}"
+            );
+            assert_eq!(
+                sent.attempt.error_class,
+                Some(ErrorClass::ForbiddenDestination)
+            );
+            assert_eq!(sent.attempt.status, None);
+            assert_eq!(
+                resolver.lookups(),
+                1,
+                "resolved through the injected resolver"
+            );
+            // The refusal itself travels through reqwest's error chain.
+            let err = s
+                .client
+                .get(format!("http://rebind.test:{port}/"))
+                .send()
+                .await
+                .unwrap_err();
+            assert!(forbidden_in_chain(&err), "{}", error_chain(&err));
+        }
+        assert!(!was_connected(&listener), "no request reached the receiver");
+    }
+
+    #[tokio::test]
+    async fn forbidden_ip_literals_are_refused_without_a_lookup() {
+        let (listener, port) = receiver(Ipv4Addr::LOCALHOST);
+        let resolver = Arc::new(StaticResolver::default());
+        let s = sender(DestinationPolicy::PublicOnly, resolver.clone());
+        for url in [
+            format!("http://127.0.0.1:{port}/"),
+            format!("http://2130706433:{port}/"),
+            format!("http://[::ffff:127.0.0.1]:{port}/"),
+        ] {
+            let sent = attempt(&s, &url).await;
+            assert_eq!(
+                sent.result,
+                AttemptResult::Error(ErrorClass::ForbiddenDestination),
+                "{url}"
+            );
+        }
+        assert_eq!(resolver.lookups(), 0);
+        assert!(!was_connected(&listener));
+    }
+
+    #[tokio::test]
+    async fn the_connection_goes_to_the_checked_allowlisted_address() {
+        // Only 127.0.0.2 is allowed; the name exists nowhere but in this
+        // resolver, so reaching the receiver proves reqwest used its answer.
+        let (listener, port) = receiver(Ipv4Addr::new(127, 0, 0, 2));
+        let server = serve_one(listener);
+        let resolver = Arc::new(StaticResolver::new([(
+            "allowed.test",
+            vec![ip("127.0.0.2")],
+        )]));
+        let policy = DestinationPolicy::public_only(vec![parse_cidr("127.0.0.2/32").unwrap()]);
+        let s = sender(policy, resolver.clone());
+        let sent = attempt(&s, &format!("http://allowed.test:{port}/hook")).await;
+        assert_eq!(sent.attempt.status, Some(204), "{:?}", sent.result);
+        assert_eq!(resolver.lookups(), 1);
+        let head = server.join().unwrap();
+        assert!(head.starts_with("POST /hook HTTP/1.1"), "{head}");
+
+        // The same name answering a loopback address outside the allowlist
+        // is refused.
+        let (other, port) = receiver(Ipv4Addr::LOCALHOST);
+        let resolver = Arc::new(StaticResolver::new([(
+            "allowed.test",
+            vec![ip("127.0.0.1")],
+        )]));
+        let s = sender(policy, resolver);
+        let sent = attempt(&s, &format!("http://allowed.test:{port}/hook")).await;
+        assert_eq!(
+            sent.result,
+            AttemptResult::Error(ErrorClass::ForbiddenDestination)
+        );
+        assert!(!was_connected(&other));
+    }
+
+    #[tokio::test]
+    async fn allow_private_turns_the_check_off() {
+        let (listener, port) = receiver(Ipv4Addr::LOCALHOST);
+        let server = serve_one(listener);
+        let resolver = Arc::new(StaticResolver::new([("dev.test", vec![ip("127.0.0.1")])]));
+        let s = sender(DestinationPolicy::AllowPrivate, resolver);
+        let sent = attempt(&s, &format!("http://dev.test:{port}/")).await;
+        assert_eq!(sent.attempt.status, Some(204), "{:?}", sent.result);
+        server.join().unwrap();
+    }
+
+    #[tokio::test]
+    async fn receivers_get_only_the_documented_headers() {
+        let (listener, port) = receiver(Ipv4Addr::LOCALHOST);
+        let server = serve_one(listener);
+        let s = sender(
+            DestinationPolicy::AllowPrivate,
+            Arc::new(StaticResolver::default()),
+        );
+        let sent = attempt(&s, &format!("http://127.0.0.1:{port}/")).await;
+        assert_eq!(sent.attempt.status, Some(204));
+        let head = server.join().unwrap();
+        let mut names: Vec<String> = head
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.split_once(':').map(|(k, _)| k.to_ascii_lowercase()))
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "accept",
+                "content-length",
+                "content-type",
+                "host",
+                "idempotency-key",
+                "user-agent",
+                "webhook-id",
+                "webhook-signature",
+                "webhook-timestamp",
+            ]
+        );
+        assert!(
+            head.contains(&format!("user-agent: {USER_AGENT}")),
+            "{head}"
+        );
+    }
+
+    #[tokio::test]
+    async fn with_a_proxy_the_target_is_checked_before_sending() {
+        // The "proxy" is a listener that must never be reached.
+        let (proxy, port) = receiver(Ipv4Addr::LOCALHOST);
+        let resolver = Arc::new(StaticResolver::new([("rebind.test", vec![ip("10.0.0.7")])]));
+        let s = Sender::new(
+            Duration::from_secs(10),
+            1024,
+            Egress {
+                policy: DestinationPolicy::PublicOnly,
+                resolver: resolver.clone(),
+                proxy: Some(format!("http://127.0.0.1:{port}")),
+            },
+        )
+        .unwrap();
+        for url in ["http://rebind.test/hook", "http://169.254.169.254/"] {
+            let sent = attempt(&s, url).await;
+            assert_eq!(
+                sent.result,
+                AttemptResult::Error(ErrorClass::ForbiddenDestination),
+                "{url}"
+            );
+        }
+        assert_eq!(resolver.lookups(), 1);
+        assert!(!was_connected(&proxy), "nothing went to the proxy");
     }
 }
