@@ -12,6 +12,8 @@ use crate::cli::{Backend, Common};
 
 /// The admin token the child process is started with.
 const ADMIN_TOKEN: &str = "hookd_bench_admin_token_0123456789";
+/// The key sealing subscription secrets when `HOOKD_ENCRYPTION_KEY` is unset.
+const BENCH_ENCRYPTION_KEY: &str = "gF5gsPpyzNUh9ampThvO4mKF8Jib+IKXxZl1yVVXS24=";
 
 /// Where the API is, and the process behind it if the bench started it.
 #[derive(Debug)]
@@ -119,6 +121,13 @@ impl Hookd {
         let child = Command::new(&binary)
             .args(&args)
             .env("HOOKD_ADMIN_TOKEN", ADMIN_TOKEN)
+            // hookd refuses PostgreSQL without an encryption key; a
+            // benchmark's subscriptions are throwaway.
+            .env(
+                "HOOKD_ENCRYPTION_KEY",
+                std::env::var("HOOKD_ENCRYPTION_KEY")
+                    .unwrap_or_else(|_| BENCH_ENCRYPTION_KEY.into()),
+            )
             .env("HOOKD_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -8,7 +8,9 @@
 //! # Main types
 //! - [`PgStore`]: the [`Store`](hookd_store::Store) implementation over a
 //!   connection pool; built with [`PgStore::connect`].
-//! - [`PgOptions`]: pool size, timeouts and the schema to use.
+//! - [`PgOptions`]: pool size, timeouts, the schema to use, and the
+//!   [`Keyring`] that seals subscription secrets at rest (sealed on every
+//!   write, opened on every read; legacy plaintext rows are read too).
 //! - `testing` (feature `testing`): `testing::fresh_schema()`
 //!   gives each test its own schema in `HOOKD_TEST_DATABASE_URL`.
 //!
@@ -37,7 +39,10 @@ mod store;
 pub mod testing;
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
+
+use hookd_store::crypto::Keyring;
 
 use hookd_store::StoreError;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
@@ -64,6 +69,11 @@ pub struct PgOptions {
     /// migrations live there). `None` keeps the URL's or server's setting;
     /// the URL form is `?options=-c%20search_path%3DSCHEMA`.
     pub schema: Option<String>,
+    /// Seals subscription secrets on write and opens them on read. The
+    /// default is [`Keyring::ephemeral`]: a random key known only to this
+    /// value and its clones, fine for tests but unreadable after a restart,
+    /// so a deployment always sets its own (hookd: `HOOKD_ENCRYPTION_KEY`).
+    pub keyring: Keyring,
 }
 
 impl Default for PgOptions {
@@ -77,6 +87,7 @@ impl Default for PgOptions {
             // statement timeout still ends an abandoned statement server-side.
             call_timeout: Duration::from_secs(8),
             schema: None,
+            keyring: Keyring::ephemeral(),
         }
     }
 }
@@ -91,6 +102,8 @@ pub struct PgStore {
     /// network silently drops packets, so without it a call could hang on an
     /// established connection.
     deadline: Duration,
+    /// Seals and opens subscription secrets ([`PgOptions::keyring`]).
+    keyring: Arc<Keyring>,
 }
 
 impl PgStore {
@@ -120,6 +133,7 @@ impl PgStore {
         Ok(PgStore {
             pool,
             deadline: opts.call_timeout,
+            keyring: Arc::new(opts.keyring),
         })
     }
 

@@ -11,6 +11,7 @@ use hookd_domain::event_type::{EventType, EventTypePattern};
 use hookd_domain::signing::SigningSecret;
 use hookd_domain::subscription::{RetryPolicy, SigningKeys, SubscriptionState};
 use hookd_domain::{CustomerId, DeliveryId, EventId, JobId, SubscriptionId};
+use hookd_store::crypto::Keyring;
 use hookd_store::{
     Attempt, AttemptCount, Delivery, Event, JobState, RaisedSignal, ReplayJob, Result, SignalKind,
     StoreError, Subscription, SubscriptionHealth,
@@ -101,7 +102,14 @@ pub(crate) fn max_concurrency(stored: Option<i32>) -> Result<Option<u32>> {
         .transpose()
 }
 
-pub(crate) fn subscription(row: &PgRow) -> Result<Subscription> {
+/// A secret as stored: sealed under the keyring's current key, bound to its
+/// subscription.
+pub(crate) fn seal(keyring: &Keyring, sub_id: &SubscriptionId, secret: &SigningSecret) -> String {
+    keyring.seal(sub_id, &secret.expose())
+}
+
+pub(crate) fn subscription(row: &PgRow, keyring: &Keyring) -> Result<Subscription> {
+    let id = SubscriptionId::from_uuid(get(row, "s_sub_id")?);
     let url: String = get(row, "s_url")?;
     let patterns: Vec<String> = serde_json::from_str(&get::<String>(row, "s_event_types")?)
         .map_err(|e| corrupt("event_types", e))?;
@@ -109,12 +117,17 @@ pub(crate) fn subscription(row: &PgRow) -> Result<Subscription> {
         .iter()
         .map(|p| EventTypePattern::parse(p).map_err(|e| corrupt("event_types", e)))
         .collect::<Result<_>>()?;
-    let secret = |s: &str| SigningSecret::parse(s).map_err(|e| corrupt("secret", e));
+    // Opened (sealed, or legacy plaintext) then parsed; an error never
+    // echoes the stored text.
+    let secret = |s: &str, column: &str| {
+        let plain = keyring.open(&id, s).map_err(|e| corrupt(column, e))?;
+        SigningSecret::parse(&plain).map_err(|e| corrupt(column, e))
+    };
     let previous = match (
         get::<Option<String>>(row, "s_previous_secret")?,
         get::<Option<DateTime<Utc>>>(row, "s_previous_secret_expires_at")?,
     ) {
-        (Some(s), Some(until)) => Some((secret(&s)?, until)),
+        (Some(s), Some(until)) => Some((secret(&s, "previous_secret")?, until)),
         (None, None) => None,
         _ => {
             return Err(StoreError::Corrupt(
@@ -126,12 +139,12 @@ pub(crate) fn subscription(row: &PgRow) -> Result<Subscription> {
         .map_err(|e| corrupt("retry_policy", e))?;
     let state: String = get(row, "s_state")?;
     Ok(Subscription {
-        id: SubscriptionId::from_uuid(get(row, "s_sub_id")?),
+        id,
         customer_id: customer(row, "s_customer_id")?,
         url: DestinationUrl::from_stored(&url).map_err(|e| corrupt("url", e))?,
         event_types,
         keys: SigningKeys {
-            current: secret(&get::<String>(row, "s_secret")?)?,
+            current: secret(&get::<String>(row, "s_secret")?, "secret")?,
             previous,
         },
         ordered: get(row, "s_ordered")?,

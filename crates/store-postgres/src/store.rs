@@ -106,6 +106,9 @@ pub(crate) const DELETED: &str = "subscription deleted";
 
 /// Durations travel to SQL as whole microseconds (`$n * interval '1 microsecond'`),
 /// PostgreSQL's own resolution, so no float rounding moves a due time.
+/// Rows per [`Store::reseal_secrets`] transaction.
+const RESEAL_BATCH: i64 = 500;
+
 fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
@@ -341,7 +344,12 @@ impl Store for PgStore {
     async fn create_subscription(&self, new: NewSubscription) -> Result<Subscription> {
         self.bounded(async {
             let mut tx = begin(self).await?;
-            let (prev, prev_until) = new.keys.previous.as_ref().map(|(s, t)| (s.expose(), *t)).unzip();
+            let (prev, prev_until) = new
+                .keys
+                .previous
+                .as_ref()
+                .map(|(s, t)| (rows::seal(&self.keyring, &new.id, s), *t))
+                .unzip();
             let row = sqlx::query(concat!(
                 "INSERT INTO subscriptions AS s (sub_id, customer_id, url, host, event_types, secret, \
                  previous_secret, previous_secret_expires_at, ordered, retry_policy, state, description, \
@@ -355,7 +363,7 @@ impl Store for PgStore {
             .bind(new.url.as_str())
             .bind(new.url.host())
             .bind(json(&new.event_types)?)
-            .bind(new.keys.current.expose())
+            .bind(rows::seal(&self.keyring, &new.id, &new.keys.current))
             .bind(prev)
             .bind(prev_until)
             .bind(new.ordered)
@@ -366,7 +374,7 @@ impl Store for PgStore {
             .fetch_one(&mut *tx)
             .await
             .map_err(map)?;
-            let sub = rows::subscription(&row)?;
+            let sub = rows::subscription(&row, &self.keyring)?;
             bump_generation(&mut tx).await?;
             commit(tx).await?;
             Ok(sub)
@@ -385,7 +393,7 @@ impl Store for PgStore {
             .fetch_optional(&self.pool)
             .await
             .map_err(map)?;
-            rows::subscription(&row.ok_or(StoreError::NotFound)?)
+            rows::subscription(&row.ok_or(StoreError::NotFound)?, &self.keyring)
         })
         .await
     }
@@ -406,7 +414,9 @@ impl Store for PgStore {
             .fetch_all(&self.pool)
             .await
             .map_err(map)?;
-            rows.iter().map(rows::subscription).collect()
+            rows.iter()
+                .map(|row| rows::subscription(row, &self.keyring))
+                .collect()
         })
         .await
     }
@@ -421,7 +431,9 @@ impl Store for PgStore {
             .fetch_all(&self.pool)
             .await
             .map_err(map)?;
-            rows.iter().map(rows::subscription).collect()
+            rows.iter()
+                .map(|row| rows::subscription(row, &self.keyring))
+                .collect()
         })
         .await
     }
@@ -449,7 +461,7 @@ impl Store for PgStore {
             };
             let keys = patch.keys.as_ref();
             let (prev, prev_until) =
-                keys.and_then(|k| k.previous.as_ref()).map(|(s, t)| (s.expose(), *t)).unzip();
+                keys.and_then(|k| k.previous.as_ref()).map(|(s, t)| (rows::seal(&self.keyring, id, s), *t)).unzip();
             // NULL means "leave as is"; the nullable columns (previous secret,
             // description, rate limit, concurrency cap) take a separate "set
             // it" flag so they can be cleared.
@@ -476,7 +488,7 @@ impl Store for PgStore {
             .bind(patch.url.as_ref().map(|u| u.as_str()))
             .bind(patch.url.as_ref().map(|u| u.host()))
             .bind(patch.event_types.as_ref().map(json).transpose()?)
-            .bind(keys.map(|k| k.current.expose()))
+            .bind(keys.map(|k| rows::seal(&self.keyring, id, &k.current)))
             .bind(prev)
             .bind(prev_until)
             .bind(patch.ordered)
@@ -503,7 +515,7 @@ impl Store for PgStore {
             .fetch_optional(&mut *tx)
             .await
             .map_err(map)?;
-            let sub = rows::subscription(&row.ok_or(StoreError::NotFound)?)?;
+            let sub = rows::subscription(&row.ok_or(StoreError::NotFound)?, &self.keyring)?;
             if reenabled {
                 // A later automatic disable is announced again, and its
                 // failing period counts from here.
@@ -566,6 +578,80 @@ impl Store for PgStore {
             row.try_get("value").map_err(map)
         })
         .await
+    }
+
+    async fn reseal_secrets(&self) -> Result<u64> {
+        let mut changed = 0;
+        let mut after: Option<Uuid> = None;
+        loop {
+            // One batch per transaction, each under the call deadline. The
+            // rows are locked as they are read (NO KEY: deliveries may still
+            // be inserted against them), so a secret rotated meanwhile is
+            // never overwritten with its old value.
+            let (batch_changed, last, full) = self
+                .bounded(async {
+                    let mut tx = begin(self).await?;
+                    let rows: Vec<(Uuid, String, Option<String>)> = sqlx::query_as(
+                        "SELECT sub_id, secret, previous_secret FROM subscriptions \
+                         WHERE $1::uuid IS NULL OR sub_id > $1 \
+                         ORDER BY sub_id LIMIT $2 FOR NO KEY UPDATE",
+                    )
+                    .bind(after)
+                    .bind(RESEAL_BATCH)
+                    .fetch_all(&mut *tx)
+                    .await
+                    .map_err(map)?;
+                    let last = rows.last().map(|(id, _, _)| *id);
+                    let full = rows.len() == RESEAL_BATCH as usize;
+                    let (mut ids, mut secrets, mut previous) = (Vec::new(), Vec::new(), Vec::new());
+                    for (uuid, secret, prev) in rows {
+                        let id = SubscriptionId::from_uuid(uuid);
+                        let corrupt =
+                            |column: &str, e| StoreError::Corrupt(format!("{column}: {e}"));
+                        let new_secret = self
+                            .keyring
+                            .reseal(&id, &secret)
+                            .map_err(|e| corrupt("secret", e))?;
+                        let new_previous = prev
+                            .as_deref()
+                            .map(|p| self.keyring.reseal(&id, p))
+                            .transpose()
+                            .map_err(|e| corrupt("previous_secret", e))?
+                            .flatten();
+                        if new_secret.is_none() && new_previous.is_none() {
+                            continue;
+                        }
+                        ids.push(uuid);
+                        secrets.push(new_secret);
+                        previous.push(new_previous);
+                    }
+                    if !ids.is_empty() {
+                        sqlx::query(
+                            "UPDATE subscriptions AS s SET \
+                             secret = COALESCE(n.secret, s.secret), \
+                             previous_secret = COALESCE(n.previous_secret, s.previous_secret) \
+                             FROM unnest($1::uuid[], $2::text[], $3::text[]) \
+                                 AS n(sub_id, secret, previous_secret) \
+                             WHERE s.sub_id = n.sub_id",
+                        )
+                        .bind(&ids)
+                        .bind(&secrets)
+                        .bind(&previous)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(map)?;
+                    }
+                    commit(tx).await?;
+                    Ok((ids.len() as u64, last, full))
+                })
+                .await?;
+            changed += batch_changed;
+            after = last;
+            if !full {
+                break;
+            }
+        }
+        Ok(changed)
     }
 
     // --- ingest ----------------------------------------------------------------
@@ -702,7 +788,7 @@ impl Store for PgStore {
                         },
                         delivery,
                         event: rows::event(row)?,
-                        subscription: rows::subscription(row)?,
+                        subscription: rows::subscription(row, &self.keyring)?,
                     })
                 })
                 .collect()

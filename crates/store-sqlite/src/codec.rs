@@ -15,6 +15,7 @@ use hookd_domain::event_type::{EventType, EventTypePattern};
 use hookd_domain::signing::SigningSecret;
 use hookd_domain::subscription::{SigningKeys, SubscriptionState};
 use hookd_domain::{CustomerId, DeliveryId, EventId, SubscriptionId, Timestamp};
+use hookd_store::crypto::Keyring;
 use hookd_store::{Attempt, Delivery, Event, Result, Subscription};
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
@@ -123,9 +124,24 @@ fn event_type(row: &SqliteRow, column: &str) -> Result<EventType> {
     EventType::parse(&get::<String>(row, column)?).map_err(|e| corrupt(column, e))
 }
 
-fn secret(text: &str, column: &str) -> Result<SigningSecret> {
-    // Never echo the stored text: it is a secret.
-    SigningSecret::parse(text).map_err(|_| corrupt(column, "not a whsec_ secret"))
+/// A stored secret: opened with the keyring (sealed, or legacy plaintext),
+/// then parsed. Never echoes the stored text or the plaintext.
+fn secret(
+    keyring: &Keyring,
+    sub_id: &SubscriptionId,
+    stored: &str,
+    column: &str,
+) -> Result<SigningSecret> {
+    let plain = keyring
+        .open(sub_id, stored)
+        .map_err(|e| corrupt(column, e))?;
+    SigningSecret::parse(&plain).map_err(|_| corrupt(column, "not a whsec_ secret"))
+}
+
+/// A secret as stored: sealed under the keyring's current key, bound to
+/// its subscription.
+pub(crate) fn seal(keyring: &Keyring, sub_id: &SubscriptionId, secret: &SigningSecret) -> String {
+    keyring.seal(sub_id, &secret.expose())
 }
 
 /// A stored `rate_limit` (attempts per second; NULL for adaptive).
@@ -149,7 +165,8 @@ pub(crate) fn encode_patterns(patterns: &[EventTypePattern]) -> String {
     serde_json::to_string(patterns).expect("patterns serialize as strings")
 }
 
-pub(crate) fn subscription(row: &SqliteRow) -> Result<Subscription> {
+pub(crate) fn subscription(row: &SqliteRow, keyring: &Keyring) -> Result<Subscription> {
+    let id = SubscriptionId::from_uuid(get(row, "s_sub_id")?);
     let patterns: Vec<String> = serde_json::from_str(&get::<String>(row, "s_event_types")?)
         .map_err(|e| corrupt("s_event_types", e))?;
     let event_types = patterns
@@ -161,7 +178,7 @@ pub(crate) fn subscription(row: &SqliteRow) -> Result<Subscription> {
         get::<Option<i64>>(row, "s_previous_secret_expires_at")?,
     ) {
         (Some(s), Some(until)) => Some((
-            secret(&s, "s_previous_secret")?,
+            secret(keyring, &id, &s, "s_previous_secret")?,
             from_ms(until, "s_previous_secret_expires_at")?,
         )),
         (None, None) => None,
@@ -174,13 +191,13 @@ pub(crate) fn subscription(row: &SqliteRow) -> Result<Subscription> {
     };
     let state: String = get(row, "s_state")?;
     Ok(Subscription {
-        id: SubscriptionId::from_uuid(get(row, "s_sub_id")?),
+        id,
         customer_id: customer(row, "s_customer_id")?,
         url: DestinationUrl::from_stored(&get::<String>(row, "s_url")?)
             .map_err(|e| corrupt("s_url", e))?,
         event_types,
         keys: SigningKeys {
-            current: secret(&get::<String>(row, "s_secret")?, "s_secret")?,
+            current: secret(keyring, &id, &get::<String>(row, "s_secret")?, "s_secret")?,
             previous,
         },
         ordered: get(row, "s_ordered")?,

@@ -206,7 +206,7 @@ pub(crate) async fn claim_due(
                     token,
                 },
                 event: codec::event(&row)?,
-                subscription: codec::subscription(&row)?,
+                subscription: codec::subscription(&row, &store.keyring)?,
                 delivery,
             });
         }

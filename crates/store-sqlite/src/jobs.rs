@@ -96,7 +96,7 @@ pub(crate) async fn create(store: &SqliteStore, new: NewReplayJob) -> Result<Rep
     let states: Vec<&str> = new.states.iter().map(|s| s.as_str()).collect();
     let mut tx = store.write().await?;
     let now = now_ms();
-    subscriptions::fetch(&mut *tx, &new.sub_id)
+    subscriptions::fetch(&mut *tx, &store.keyring, &new.sub_id)
         .await?
         .ok_or(StoreError::NotFound)?;
     sqlx::query(

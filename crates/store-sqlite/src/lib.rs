@@ -7,8 +7,16 @@
 //!
 //! # Main types
 //! - [`SqliteStore`]: the store, built by [`SqliteStore::connect`] or
-//!   [`SqliteStore::connect_url`]; schema changes happen only in
-//!   [`Store::migrate`], from the migrations embedded from `migrations/`.
+//!   [`SqliteStore::connect_url`] (sealing secrets with the key file beside
+//!   the database), or their `_with_keyring` forms; schema changes happen
+//!   only in [`Store::migrate`], from the migrations embedded from
+//!   `migrations/`.
+//! - [`key_file`]: the development key file, `<database>.key` (mode 0600).
+//!
+//! Subscription secrets are sealed at rest with the store's
+//! [`Keyring`](hookd_store::crypto::Keyring): sealed on every write, opened on
+//! every read (legacy plaintext rows too, until they are next written or
+//! [`Store::reseal_secrets`] runs).
 //!
 //! # How it meets the contract
 //! SQLite allows one writer at a time. Rather than let many connections
@@ -47,6 +55,7 @@ mod dispatch;
 mod error;
 mod ingest;
 mod jobs;
+pub mod key_file;
 mod process_lock;
 mod reading;
 mod retention;
@@ -55,13 +64,14 @@ mod subscriptions;
 mod tokens;
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use hookd_domain::{DeliveryId, EventId, JobId, SubscriptionId, Timestamp};
+use hookd_store::crypto::Keyring;
 use hookd_store::{
     Accepted, AttemptRecord, Backlog, ClaimRequest, ClaimedDelivery, DailyStats, Delivery,
     DeliveryDetail, DeliveryQuery, DueDestination, Event, JobStep, Lease, NewDelivery, NewEvent,
@@ -107,6 +117,8 @@ pub struct SqliteStore {
     /// out by [`close`](Self::close) so a closed store stops keeping other
     /// processes out.
     lock: Arc<Mutex<Option<Arc<ProcessLock>>>>,
+    /// Seals subscription secrets on write, opens them on read.
+    keyring: Arc<Keyring>,
 }
 
 /// A `--database` URL this store cannot serve.
@@ -126,8 +138,17 @@ impl SqliteStore {
     /// [`StoreError::Unavailable`] with a [`DatabaseInUse`] source if another
     /// process has the file open through a store (see the crate docs);
     /// another store in this process is fine.
+    ///
+    /// Secrets are sealed with the key in the [key file](key_file) beside
+    /// the database, created if missing; see
+    /// [`connect_with_keyring`](Self::connect_with_keyring) to give the key.
     pub async fn connect(path: &Path) -> Result<Self> {
-        Self::connect_with(SqliteConnectOptions::new().filename(path)).await
+        Self::connect_with(SqliteConnectOptions::new().filename(path), None).await
+    }
+
+    /// [`connect`](Self::connect), sealing secrets with `keyring`.
+    pub async fn connect_with_keyring(path: &Path, keyring: Keyring) -> Result<Self> {
+        Self::connect_with(SqliteConnectOptions::new().filename(path), Some(keyring)).await
     }
 
     /// Opens (creating if missing) the database named by a `sqlite:path` or
@@ -136,7 +157,24 @@ impl SqliteStore {
     /// In-memory databases are refused: the two pools would not share one,
     /// and a webhook outbox that forgets on restart breaks the durability
     /// promise of [`Store::accept_event`].
+    ///
+    /// Secrets are sealed with the key in the [key file](key_file) beside
+    /// the database, created if missing.
     pub async fn connect_url(url: &str) -> Result<Self> {
+        Self::connect_with(Self::url_options(url)?, None).await
+    }
+
+    /// [`connect_url`](Self::connect_url), sealing secrets with `keyring`.
+    pub async fn connect_url_with_keyring(url: &str, keyring: Keyring) -> Result<Self> {
+        Self::connect_with(Self::url_options(url)?, Some(keyring)).await
+    }
+
+    /// The database file a `sqlite:` URL names (for finding its key file).
+    pub fn database_file(url: &str) -> Result<PathBuf> {
+        Ok(Self::url_options(url)?.get_filename().to_owned())
+    }
+
+    fn url_options(url: &str) -> Result<SqliteConnectOptions> {
         let invalid = |reason| {
             StoreError::Backend(Box::new(InvalidUrl {
                 url: url.to_owned(),
@@ -149,13 +187,21 @@ impl SqliteStore {
         if url.contains(":memory:") || url.contains("mode=memory") {
             return Err(invalid("in-memory databases are not durable"));
         }
-        Self::connect_with(SqliteConnectOptions::from_str(url).map_err(from_sqlx)?).await
+        SqliteConnectOptions::from_str(url).map_err(from_sqlx)
     }
 
-    async fn connect_with(options: SqliteConnectOptions) -> Result<Self> {
+    async fn connect_with(options: SqliteConnectOptions, keyring: Option<Keyring>) -> Result<Self> {
         // Before any connection: a refused second process must not so much
         // as create the WAL or touch the file.
         let lock = process_lock::acquire(options.get_filename())?;
+        let keyring = match keyring {
+            Some(keyring) => keyring,
+            None => {
+                let file = key_file::load_or_create(&key_file::path_for(options.get_filename()))
+                    .map_err(|e| StoreError::Backend(Box::new(e)))?;
+                Keyring::new(file.key)
+            }
+        };
         let options = options
             .foreign_keys(true)
             .busy_timeout(BUSY_TIMEOUT)
@@ -191,6 +237,7 @@ impl SqliteStore {
             writer,
             reader,
             lock: Arc::new(Mutex::new(Some(lock))),
+            keyring: Arc::new(keyring),
         })
     }
 
@@ -334,6 +381,10 @@ impl Store for SqliteStore {
 
     async fn subscription_generation(&self) -> Result<i64> {
         subscriptions::generation(self).await
+    }
+
+    async fn reseal_secrets(&self) -> Result<u64> {
+        subscriptions::reseal(self).await
     }
 
     async fn accept_event(

@@ -26,7 +26,7 @@ pub(crate) async fn raise(
     // raises it (and accepts its notice), the rest find it raised.
     let mut tx = store.write().await?;
     let now = now_ms();
-    let sub = subscriptions::fetch(&mut *tx, sub_id)
+    let sub = subscriptions::fetch(&mut *tx, &store.keyring, sub_id)
         .await?
         .ok_or(StoreError::NotFound)?;
     let current: Option<String> =

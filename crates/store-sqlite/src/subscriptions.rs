@@ -3,6 +3,7 @@
 
 use hookd_domain::SubscriptionId;
 use hookd_domain::subscription::SubscriptionState;
+use hookd_store::crypto::Keyring;
 use hookd_store::{
     NewSubscription, Result, SignalKind, StoreError, Subscription, SubscriptionPatch,
     SubscriptionQuery,
@@ -10,7 +11,7 @@ use hookd_store::{
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection, SqliteExecutor};
 
 use crate::SqliteStore;
-use crate::codec::{self, encode_patterns, now_ms, subscription_columns, to_ms};
+use crate::codec::{self, encode_patterns, now_ms, seal, subscription_columns, to_ms};
 use crate::error::from_sqlx;
 
 /// The last error of pending deliveries failed by a delete, and the conflict
@@ -20,6 +21,7 @@ pub(crate) const DELETED: &str = "subscription deleted";
 /// One subscription that is not deleted.
 pub(crate) async fn fetch<'e>(
     ex: impl SqliteExecutor<'e>,
+    keyring: &Keyring,
     id: &SubscriptionId,
 ) -> Result<Option<Subscription>> {
     let row = sqlx::query(concat!(
@@ -31,7 +33,9 @@ pub(crate) async fn fetch<'e>(
     .fetch_optional(ex)
     .await
     .map_err(from_sqlx)?;
-    row.as_ref().map(codec::subscription).transpose()
+    row.as_ref()
+        .map(|row| codec::subscription(row, keyring))
+        .transpose()
 }
 
 /// Bumped inside every subscription write transaction, so the change and the
@@ -51,7 +55,10 @@ fn retry_policy_json(policy: &hookd_domain::subscription::RetryPolicy) -> Result
 pub(crate) async fn create(store: &SqliteStore, new: NewSubscription) -> Result<Subscription> {
     let policy = retry_policy_json(&new.retry_policy)?;
     let (previous, previous_until) = match &new.keys.previous {
-        Some((secret, until)) => (Some(secret.expose()), Some(to_ms(*until))),
+        Some((secret, until)) => (
+            Some(seal(&store.keyring, &new.id, secret)),
+            Some(to_ms(*until)),
+        ),
         None => (None, None),
     };
     let mut tx = store.write().await?;
@@ -67,7 +74,7 @@ pub(crate) async fn create(store: &SqliteStore, new: NewSubscription) -> Result<
     .bind(new.url.as_str())
     .bind(new.url.host())
     .bind(encode_patterns(&new.event_types))
-    .bind(new.keys.current.expose())
+    .bind(seal(&store.keyring, &new.id, &new.keys.current))
     .bind(previous)
     .bind(previous_until)
     .bind(new.ordered)
@@ -83,7 +90,7 @@ pub(crate) async fn create(store: &SqliteStore, new: NewSubscription) -> Result<
     bump_generation(&mut tx).await?;
     // Read back rather than echo `new`, so the caller sees exactly what a
     // later read will (times at the store's millisecond precision).
-    let created = fetch(&mut *tx, &new.id)
+    let created = fetch(&mut *tx, &store.keyring, &new.id)
         .await?
         .ok_or(StoreError::NotFound)?;
     tx.commit().await.map_err(from_sqlx)?;
@@ -91,7 +98,9 @@ pub(crate) async fn create(store: &SqliteStore, new: NewSubscription) -> Result<
 }
 
 pub(crate) async fn get(store: &SqliteStore, id: &SubscriptionId) -> Result<Subscription> {
-    fetch(&store.reader, id).await?.ok_or(StoreError::NotFound)
+    fetch(&store.reader, &store.keyring, id)
+        .await?
+        .ok_or(StoreError::NotFound)
 }
 
 pub(crate) async fn list(
@@ -117,7 +126,9 @@ pub(crate) async fn list(
         .fetch_all(&store.reader)
         .await
         .map_err(from_sqlx)?;
-    rows.iter().map(codec::subscription).collect()
+    rows.iter()
+        .map(|row| codec::subscription(row, &store.keyring))
+        .collect()
 }
 
 pub(crate) async fn all(store: &SqliteStore) -> Result<Vec<Subscription>> {
@@ -129,7 +140,9 @@ pub(crate) async fn all(store: &SqliteStore) -> Result<Vec<Subscription>> {
     .fetch_all(&store.reader)
     .await
     .map_err(from_sqlx)?;
-    rows.iter().map(codec::subscription).collect()
+    rows.iter()
+        .map(|row| codec::subscription(row, &store.keyring))
+        .collect()
 }
 
 pub(crate) async fn update(
@@ -141,7 +154,9 @@ pub(crate) async fn update(
     let now = now_ms();
     // Read, patch in Rust, write back whole: under the write lock nothing
     // can change in between, and the patch logic stays in one readable place.
-    let mut sub = fetch(&mut *tx, id).await?.ok_or(StoreError::NotFound)?;
+    let mut sub = fetch(&mut *tx, &store.keyring, id)
+        .await?
+        .ok_or(StoreError::NotFound)?;
     let SubscriptionPatch {
         url,
         event_types,
@@ -174,7 +189,7 @@ pub(crate) async fn update(
     set(&mut sub.max_concurrency, max_concurrency);
     set(&mut sub.description, description);
     let (previous, previous_until) = match &sub.keys.previous {
-        Some((secret, until)) => (Some(secret.expose()), Some(to_ms(*until))),
+        Some((secret, until)) => (Some(seal(&store.keyring, id, secret)), Some(to_ms(*until))),
         None => (None, None),
     };
     sqlx::query(
@@ -185,7 +200,7 @@ pub(crate) async fn update(
     .bind(sub.url.as_str())
     .bind(sub.url.host())
     .bind(encode_patterns(&sub.event_types))
-    .bind(sub.keys.current.expose())
+    .bind(seal(&store.keyring, id, &sub.keys.current))
     .bind(previous)
     .bind(previous_until)
     .bind(sub.ordered)
@@ -213,7 +228,9 @@ pub(crate) async fn update(
             .await
             .map_err(from_sqlx)?;
     }
-    let updated = fetch(&mut *tx, id).await?.ok_or(StoreError::NotFound)?;
+    let updated = fetch(&mut *tx, &store.keyring, id)
+        .await?
+        .ok_or(StoreError::NotFound)?;
     tx.commit().await.map_err(from_sqlx)?;
     Ok(updated)
 }
@@ -254,4 +271,65 @@ pub(crate) async fn generation(store: &SqliteStore) -> Result<i64> {
         .fetch_one(&store.reader)
         .await
         .map_err(from_sqlx)
+}
+
+/// Rows per reseal transaction: short enough that the writer is never held
+/// for long, so a reseal can run beside everything else.
+const RESEAL_BATCH: i64 = 500;
+
+pub(crate) async fn reseal(store: &SqliteStore) -> Result<u64> {
+    let keyring = &store.keyring;
+    let mut changed = 0;
+    let mut after: Option<uuid::Uuid> = None;
+    loop {
+        // Read and rewrite a batch under one write lock, so a secret
+        // rotated meanwhile is never overwritten with its old value.
+        let mut tx = store.write().await?;
+        let rows: Vec<(uuid::Uuid, String, Option<String>)> = sqlx::query_as(
+            "SELECT sub_id, secret, previous_secret FROM subscriptions \
+             WHERE ?1 IS NULL OR sub_id > ?1 ORDER BY sub_id LIMIT ?2",
+        )
+        .bind(after)
+        .bind(RESEAL_BATCH)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(from_sqlx)?;
+        let Some((last, _, _)) = rows.last() else {
+            break;
+        };
+        after = Some(*last);
+        let full = rows.len() == RESEAL_BATCH as usize;
+        for (uuid, secret, previous) in rows {
+            let id = SubscriptionId::from_uuid(uuid);
+            let corrupt = |column: &str, e| StoreError::Corrupt(format!("{column}: {e}"));
+            let new_secret = keyring
+                .reseal(&id, &secret)
+                .map_err(|e| corrupt("secret", e))?;
+            let new_previous = previous
+                .as_deref()
+                .map(|p| keyring.reseal(&id, p))
+                .transpose()
+                .map_err(|e| corrupt("previous_secret", e))?
+                .flatten();
+            if new_secret.is_none() && new_previous.is_none() {
+                continue;
+            }
+            sqlx::query(
+                "UPDATE subscriptions SET secret = COALESCE(?, secret), \
+                 previous_secret = COALESCE(?, previous_secret) WHERE sub_id = ?",
+            )
+            .bind(new_secret)
+            .bind(new_previous)
+            .bind(uuid)
+            .execute(&mut *tx)
+            .await
+            .map_err(from_sqlx)?;
+            changed += 1;
+        }
+        tx.commit().await.map_err(from_sqlx)?;
+        if !full {
+            break;
+        }
+    }
+    Ok(changed)
 }

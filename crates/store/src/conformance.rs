@@ -47,6 +47,7 @@ macro_rules! conformance_tests {
             deleted_subscriptions_are_not_found_and_fail_their_pending_deliveries,
             subscriptions_page_by_cursor_and_filter_by_customer,
             subscription_generation_changes_on_every_write,
+            resealing_secrets_keeps_them_and_is_idempotent,
             accept_event_writes_the_event_and_its_deliveries,
             accept_event_is_all_or_nothing,
             a_repeated_idempotency_key_returns_the_same_event_and_writes_nothing,
@@ -693,6 +694,41 @@ pub async fn subscription_generation_changes_on_every_write(store: Arc<dyn Store
         g3,
         store.subscription_generation().await.unwrap(),
         "reads do not change it"
+    );
+}
+
+/// Everything a store writes is sealed under its current key already, so
+/// resealing finds nothing to do; the secrets read back unchanged.
+pub async fn resealing_secrets_keeps_them_and_is_idempotent(store: Arc<dyn Store>) {
+    let plain = store
+        .create_subscription(new_sub("reseal-a.example", None))
+        .await
+        .unwrap();
+    let mut rotating = new_sub("reseal-b.example", None);
+    rotating.keys.previous = Some((
+        SigningSecret::generate(),
+        whole_second(chrono::Utc::now() + chrono::Duration::days(1)),
+    ));
+    let rotating = store.create_subscription(rotating).await.unwrap();
+    let deleted = store
+        .create_subscription(new_sub("reseal-c.example", None))
+        .await
+        .unwrap();
+    store.delete_subscription(&deleted.id).await.unwrap();
+    let generation = store.subscription_generation().await.unwrap();
+
+    assert_eq!(store.reseal_secrets().await.unwrap(), 0);
+    assert_eq!(store.reseal_secrets().await.unwrap(), 0, "idempotent");
+
+    for before in [&plain, &rotating] {
+        let after = store.get_subscription(&before.id).await.unwrap();
+        assert_eq!(after.keys, before.keys);
+        assert_eq!(after.updated_at, before.updated_at);
+    }
+    assert_eq!(
+        store.subscription_generation().await.unwrap(),
+        generation,
+        "resealing changes no subscription"
     );
 }
 

@@ -17,6 +17,7 @@
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
+pub mod crypto;
 mod error;
 pub mod types;
 
@@ -85,6 +86,19 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// deleted. Ingest compares it with the generation its fan-out index was
     /// built from, so a node never matches events against a stale index.
     async fn subscription_generation(&self) -> Result<i64>;
+
+    /// Seals every subscription's signing secrets (`secret` and
+    /// `previous_secret`, deleted subscriptions' included) under the current
+    /// key of the store's [`Keyring`](crypto::Keyring): those sealed under an
+    /// older key of the ring, and legacy plaintext. Returns how many rows it
+    /// rewrote; rows already sealed under the current key are left alone, so
+    /// a second call returns 0. Each row is read and rewritten in one
+    /// transaction (in batches), so a concurrent secret rotation is never
+    /// overwritten. The secrets themselves do not change, nor does
+    /// `updated_at` or the subscription generation. A row sealed under a key
+    /// the ring does not hold fails the call (`Corrupt`), after the batches
+    /// before it were committed.
+    async fn reseal_secrets(&self) -> Result<u64>;
 
     // --- ingest (the outbox) --------------------------------------------
 
