@@ -18,10 +18,7 @@ use crate::error::ApiError;
 use crate::extract::{IdPath, QueryParams, from_str, take_limit};
 use crate::subscriptions::visible;
 
-/// Page size when `limit` is not given.
-const DEFAULT_LIMIT: u32 = 50;
-/// The largest page a client may ask for.
-const MAX_LIMIT: u32 = 250;
+use crate::limits::{DEFAULT_PAGE_SIZE as DEFAULT_LIMIT, MAX_PAGE_SIZE as MAX_LIMIT};
 
 /// A delivery as the API shows it, with its attempts (oldest first).
 #[derive(Debug, Serialize, utoipa::ToSchema)]

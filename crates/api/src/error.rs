@@ -47,6 +47,13 @@ pub enum ApiError {
         .0.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
     )]
     Shedding(Vec<hookd_domain::SubscriptionId>),
+    /// Too many failed authentications from the caller's address: refused
+    /// without looking at the token until the duration has passed.
+    #[error(
+        "too many failed authentication attempts from this address; retry in {} s",
+        retry_after_secs(*.0)
+    )]
+    TooManyAuthFailures(std::time::Duration),
     /// The store could not be reached; retrying shortly may succeed.
     #[error("the store is unavailable")]
     Unavailable(#[source] StoreError),
@@ -85,6 +92,9 @@ impl ApiError {
             Self::Validation(_) => (StatusCode::UNPROCESSABLE_ENTITY, "validation_failed"),
             Self::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             Self::Shedding(_) => (StatusCode::TOO_MANY_REQUESTS, "shedding"),
+            Self::TooManyAuthFailures(_) => {
+                (StatusCode::TOO_MANY_REQUESTS, "too_many_auth_failures")
+            }
             Self::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
@@ -105,6 +115,12 @@ impl From<StoreError> for ApiError {
 /// `Retry-After` on a shed event: the monitor looks again about this often,
 /// so sooner would only be refused again.
 const SHEDDING_RETRY_AFTER_SECS: &str = "30";
+
+/// Whole seconds to wait, rounded up, at least 1.
+fn retry_after_secs(wait: std::time::Duration) -> u64 {
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    secs.max(1)
+}
 
 /// The body of every error answer.
 #[derive(Serialize, utoipa::ToSchema)]
@@ -169,6 +185,12 @@ impl IntoResponse for ApiError {
                 headers.insert(
                     header::RETRY_AFTER,
                     HeaderValue::from_static(SHEDDING_RETRY_AFTER_SECS),
+                );
+            }
+            Self::TooManyAuthFailures(wait) => {
+                headers.insert(
+                    header::RETRY_AFTER,
+                    HeaderValue::from(retry_after_secs(wait)),
                 );
             }
             Self::Unauthorized => {

@@ -26,12 +26,9 @@ use crate::subscriptions::owner_for;
 /// (`hookd.subscription.disabled`, …): producers cannot post them.
 const SYSTEM_PREFIX: &str = "hookd.";
 
-/// The longest idempotency key accepted, in characters.
-const MAX_IDEMPOTENCY_KEY_CHARS: usize = 255;
-
-/// How many deliveries `GET /events/{id}` lists at most. An event matches
-/// at most as many subscriptions as exist; past this the list is cut.
-const MAX_EVENT_DELIVERIES: u32 = 1000;
+use crate::limits::{
+    MAX_EVENT_DELIVERIES, MAX_IDEMPOTENCY_KEY_CHARS, MAX_PAYLOAD_DEPTH, json_depth,
+};
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -109,6 +106,12 @@ pub(crate) async fn create(
         return Err(ApiError::PayloadTooLarge(format!(
             "payload is larger than the limit of {limit} bytes"
         )));
+    }
+    if json_depth(payload.as_bytes()) > MAX_PAYLOAD_DEPTH {
+        return Err(ApiError::invalid(
+            "payload",
+            format!("nests arrays and objects deeper than the limit of {MAX_PAYLOAD_DEPTH} levels"),
+        ));
     }
     if let Some(key) = &req.idempotency_key {
         let n = key.chars().count();

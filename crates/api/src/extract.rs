@@ -21,6 +21,7 @@ use serde::de::DeserializeOwned;
 
 use crate::AppState;
 use crate::error::ApiError;
+use crate::limits::{MAX_BODY_DEPTH, json_depth};
 
 /// A JSON request body deserialized into `T`.
 #[derive(Debug)]
@@ -83,7 +84,13 @@ pub(crate) async fn read_body(mut body: Body, limit: usize) -> Result<Vec<u8>, A
 }
 
 /// Deserializes JSON, naming the field at fault in any error.
+/// A body nested deeper than [`MAX_BODY_DEPTH`] is refused before parsing.
 pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    if json_depth(bytes) > MAX_BODY_DEPTH {
+        return Err(ApiError::BadRequest(format!(
+            "invalid JSON body: nests arrays and objects deeper than the limit of {MAX_BODY_DEPTH} levels"
+        )));
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();

@@ -22,8 +22,7 @@ use crate::error::ApiError;
 use crate::extract::{IdPath, JsonBody};
 use crate::subscriptions::visible;
 
-/// Most event types one job may name.
-const MAX_TYPES: usize = 100;
+use crate::limits::MAX_REPLAY_TYPES as MAX_TYPES;
 
 /// The request body.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]

@@ -21,6 +21,7 @@
 //!   their JSON shapes.
 //! - `rotation`: signing-secret rotation with a grace window (at most two
 //!   live secrets); `tokens`: admin-made customer tokens, stored hashed.
+//! - [`limits`]: every input limit, its value and its answer.
 //! - `jobs`: bulk replay jobs; `stats`: the daily rollup.
 //! - `openapi`: the OpenAPI document served at `/openapi.json`, generated
 //!   from the handlers' annotations; its route list is the router's.
@@ -42,6 +43,7 @@ mod extract;
 mod fanout;
 mod health;
 mod jobs;
+pub mod limits;
 pub mod metrics;
 mod openapi;
 mod rotation;
@@ -59,7 +61,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-pub use auth::hash_token;
+pub use auth::{AuthFailureLimit, hash_token};
 pub use error::ApiError;
 pub use health::{DestinationState, DestinationView};
 pub use openapi::document as openapi_document;
@@ -68,9 +70,9 @@ pub use signals::MonitorConfig;
 pub use tokens::{create_customer_token, generate_token};
 
 /// The largest event payload accepted by default (256 KiB).
-pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 256 * 1024;
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = limits::MAX_PAYLOAD_BYTES;
 /// The largest request body accepted by default (1 MiB).
-pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
+pub const DEFAULT_MAX_BODY_BYTES: usize = limits::MAX_BODY_BYTES;
 
 /// The API's own settings, handed over by the binary.
 #[derive(Debug, Clone)]
@@ -84,17 +86,22 @@ pub struct ApiConfig {
     pub max_payload_bytes: usize,
     /// The largest request body, in bytes.
     pub max_body_bytes: usize,
+    /// Failed authentications allowed per client address; `None` turns the
+    /// limit off. See the `auth` module for what happens past it.
+    pub auth_failures: Option<AuthFailureLimit>,
 }
 
 impl ApiConfig {
-    /// A config with the documented limits (256 KiB payloads, 1 MiB bodies)
-    /// and no configured admin token.
+    /// A config with the documented limits (256 KiB payloads, 1 MiB bodies,
+    /// 10 failed authentications per address then one a second) and no
+    /// configured admin token.
     pub fn new(destination_policy: DestinationPolicy) -> Self {
         Self {
             destination_policy,
             admin_token_hash: None,
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            auth_failures: Some(AuthFailureLimit::default()),
         }
     }
 }
@@ -111,6 +118,8 @@ struct Inner {
     config: ApiConfig,
     fanout: fanout::FanoutCache,
     tokens: auth::TokenCache,
+    /// Failed authentications per client address.
+    auth_failures: Option<auth::FailureLimiter>,
     /// Notified after each accepted event so the dispatcher wakes at once
     /// instead of at its next poll.
     wake: Arc<Notify>,
@@ -129,6 +138,7 @@ impl AppState {
         Self {
             inner: Arc::new(Inner {
                 store,
+                auth_failures: config.auth_failures.map(auth::FailureLimiter::new),
                 config,
                 fanout: fanout::FanoutCache::default(),
                 tokens: auth::TokenCache::default(),
@@ -218,7 +228,11 @@ pub async fn serve(
     router: Router,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
+    // The peer address is what failed authentications are counted by.
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown.cancelled_owned())
+    .await
 }

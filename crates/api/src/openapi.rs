@@ -124,6 +124,8 @@ pub(crate) enum ErrorCode {
     Conflict,
     /// 429: the event would add to a backlog stuck over the shedding threshold.
     Shedding,
+    /// 429: too many failed authentications from this address; see `Retry-After`.
+    TooManyAuthFailures,
     /// 503: the store is unavailable; retry shortly.
     Unavailable,
     /// 500: a bug or an unexpected backend failure.
@@ -550,6 +552,7 @@ mod tests {
             ApiError::Validation(String::new()),
             ApiError::Conflict(String::new()),
             ApiError::Shedding(Vec::new()),
+            ApiError::TooManyAuthFailures(std::time::Duration::from_secs(1)),
             ApiError::Unavailable(hookd_store::StoreError::Unavailable("x".into())),
             ApiError::Internal("x".into()),
         ];
@@ -565,6 +568,7 @@ mod tests {
                 | ApiError::Validation(_)
                 | ApiError::Conflict(_)
                 | ApiError::Shedding(_)
+                | ApiError::TooManyAuthFailures(_)
                 | ApiError::Unavailable(_)
                 | ApiError::Internal(_) => {}
             }

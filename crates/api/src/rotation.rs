@@ -99,6 +99,9 @@ fn rotate(keys: SigningKeys, new: SigningSecret, until: Timestamp) -> SigningKey
     }
 }
 
+/// Serialises rotations in this process.
+static ROTATIONS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// `POST /subscriptions/{id}/secret/rotate`.
 #[utoipa::path(
     post,
@@ -121,9 +124,6 @@ fn rotate(keys: SigningKeys, new: SigningSecret, until: Timestamp) -> SigningKey
     ),
     security(("bearer" = [])),
 )]
-/// Serialises rotations in this process.
-static ROTATIONS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 pub(crate) async fn rotate_secret(
     State(state): State<AppState>,
     caller: Caller,

@@ -16,10 +16,7 @@ use crate::error::ApiError;
 use crate::extract::{IdPath, QueryParams, from_str};
 use crate::subscriptions::visible;
 
-/// Days shown when `days` is not given.
-const DEFAULT_DAYS: u32 = 7;
-/// The most days one request may ask for (ten years).
-const MAX_DAYS: u32 = 3660;
+use crate::limits::{DEFAULT_STATS_DAYS as DEFAULT_DAYS, MAX_STATS_DAYS as MAX_DAYS};
 
 /// One day.
 #[derive(Debug, Serialize, PartialEq, utoipa::ToSchema)]

@@ -23,12 +23,9 @@ use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::extract::{IdPath, JsonBody, QueryParams, from_str, take_limit};
 
-/// Page size when `limit` is not given.
-const DEFAULT_LIMIT: u32 = 50;
-/// The largest page a client may ask for.
-const MAX_LIMIT: u32 = 250;
-/// The longest description accepted, in characters.
-const MAX_DESCRIPTION_CHARS: usize = 1024;
+use crate::limits::{
+    DEFAULT_PAGE_SIZE as DEFAULT_LIMIT, MAX_DESCRIPTION_CHARS, MAX_PAGE_SIZE as MAX_LIMIT,
+};
 
 /// A subscription as the API shows it. The secret is never part of it.
 #[derive(Debug, Serialize, utoipa::ToSchema)]

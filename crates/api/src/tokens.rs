@@ -18,8 +18,7 @@ use crate::auth::{Caller, hash_token};
 use crate::error::ApiError;
 use crate::extract::JsonBody;
 
-/// The longest label accepted, in characters.
-const MAX_LABEL_CHARS: usize = 200;
+use crate::limits::MAX_LABEL_CHARS;
 
 /// A new random API token: `hookd_` and 64 hex digits (32 random bytes).
 pub fn generate_token() -> String {
