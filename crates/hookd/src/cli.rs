@@ -31,6 +31,10 @@ enum Command {
     Token(TokenCommand),
     /// Replay a subscription's deliveries as a job, showing its progress.
     Replay(crate::replay::ReplayArgs),
+    /// Manage the key that seals subscription secrets at rest
+    /// (HOOKD_ENCRYPTION_KEY).
+    #[command(subcommand)]
+    Keys(crate::keys::KeysCommand),
 }
 
 /// `hookd token …`.
@@ -83,6 +87,20 @@ pub struct ServeArgs {
     /// and tests only: otherwise hookd is an open proxy into your network).
     #[arg(long, env = "HOOKD_ALLOW_PRIVATE_DESTINATIONS")]
     allow_private_destinations: bool,
+    /// Allow destinations in this CIDR (or at this address) although it is
+    /// private, loopback, link-local, …; repeatable (the variable takes a
+    /// comma-separated list). Checked at creation and on every connection.
+    #[arg(
+        long = "allow-destination-cidr",
+        env = "HOOKD_ALLOW_DESTINATION_CIDRS",
+        value_delimiter = ',',
+        value_parser = hookd_domain::destination::parse_cidr
+    )]
+    allow_destination_cidrs: Vec<hookd_domain::destination::IpNet>,
+    /// Send every attempt through this HTTP(S) proxy (`http://host:port`).
+    /// Without it, proxy variables such as `HTTPS_PROXY` are ignored.
+    #[arg(long, env = "HOOKD_OUTBOUND_PROXY")]
+    outbound_proxy: Option<String>,
     /// Log format.
     #[arg(long, env = "HOOKD_LOG_FORMAT", value_enum, default_value = "human")]
     log_format: LogFormat,
@@ -165,6 +183,10 @@ impl Cli {
             Command::Listen(args) => crate::listen::run(args).await,
             Command::Token(TokenCommand::Create(args)) => create_token(args).await,
             Command::Replay(args) => crate::replay::run(args).await,
+            Command::Keys(command) => {
+                init_logging(LogFormat::Human);
+                crate::keys::run(command).await
+            }
         }
     }
 }
@@ -225,6 +247,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     );
     let mut config = AppConfig::new(args.db.database, dispatch);
     config.allow_private_destinations = args.allow_private_destinations;
+    config.allow_destination_cidrs = args.allow_destination_cidrs;
+    if let Some(proxy) = args.outbound_proxy.filter(|p| !p.is_empty()) {
+        let url = reqwest::Url::parse(&proxy).context("--outbound-proxy is not a URL")?;
+        anyhow::ensure!(
+            matches!(url.scheme(), "http" | "https"),
+            "--outbound-proxy must be an http:// or https:// URL"
+        );
+        config.dispatch.egress.proxy = Some(proxy);
+    }
     config.admin_token = std::env::var("HOOKD_ADMIN_TOKEN")
         .ok()
         .filter(|t| !t.is_empty());

@@ -7,10 +7,11 @@
 #![warn(missing_docs)]
 
 pub mod cli;
+pub mod keys;
 pub mod listen;
 pub mod maintenance;
 mod replay;
 mod serve;
 
 pub use maintenance::RetentionConfig;
-pub use serve::{App, AppConfig, open_store};
+pub use serve::{App, AppConfig, open_store, open_store_with};

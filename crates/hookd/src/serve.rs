@@ -26,6 +26,8 @@ pub struct AppConfig {
     pub database: String,
     /// Allow loopback and private destinations.
     pub allow_private_destinations: bool,
+    /// Addresses allowed although private (`--allow-destination-cidr`).
+    pub allow_destination_cidrs: Vec<hookd_domain::destination::IpNet>,
     /// The admin token, if the operator set one (`HOOKD_ADMIN_TOKEN`).
     pub admin_token: Option<String>,
     /// The dispatcher's settings.
@@ -34,6 +36,9 @@ pub struct AppConfig {
     pub monitor: MonitorConfig,
     /// How long history is kept.
     pub retention: RetentionConfig,
+    /// Seals subscription secrets at rest. `None`: from the environment or
+    /// the SQLite key file ([`crate::keys::keyring_for`]).
+    pub keyring: Option<hookd_store::crypto::Keyring>,
 }
 
 impl AppConfig {
@@ -42,10 +47,12 @@ impl AppConfig {
         Self {
             database,
             allow_private_destinations: false,
+            allow_destination_cidrs: Vec::new(),
             admin_token: None,
             dispatch,
             monitor: MonitorConfig::default(),
             retention: RetentionConfig::default(),
+            keyring: None,
         }
     }
 }
@@ -88,23 +95,50 @@ pub struct App {
     database: String,
 }
 
-/// Opens the store the URL names: `sqlite:…` or `postgres://…`. This is the
-/// only place that names a backend.
+/// Opens the store the URL names: `sqlite:…` or `postgres://…`, sealing
+/// subscription secrets with the key from the environment or the SQLite key
+/// file ([`crate::keys::keyring_for`]).
 pub async fn open_store(url: &str) -> anyhow::Result<Arc<dyn Store>> {
+    check_url(url)?;
+    open_store_with(url, crate::keys::keyring_for(url)?).await
+}
+
+/// [`open_store`] with the keyring given. This is the only place that names
+/// a backend.
+pub async fn open_store_with(
+    url: &str,
+    keyring: hookd_store::crypto::Keyring,
+) -> anyhow::Result<Arc<dyn Store>> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let store =
-            hookd_store_postgres::PgStore::connect(url, hookd_store_postgres::PgOptions::default())
-                .await
-                .context("connecting to PostgreSQL")?;
+        let options = hookd_store_postgres::PgOptions {
+            keyring,
+            ..hookd_store_postgres::PgOptions::default()
+        };
+        let store = hookd_store_postgres::PgStore::connect(url, options)
+            .await
+            .context("connecting to PostgreSQL")?;
         Ok(Arc::new(store))
     } else if url.starts_with("sqlite:") {
-        let store = hookd_store_sqlite::SqliteStore::connect_url(url)
+        let store = hookd_store_sqlite::SqliteStore::connect_url_with_keyring(url, keyring)
             .await
             .context("opening the SQLite database")?;
         Ok(Arc::new(store))
     } else {
-        anyhow::bail!("unsupported database URL `{url}`: use `sqlite:PATH` or `postgres://…`")
+        Err(unsupported(url))
     }
+}
+
+/// An unsupported URL is refused before any key is looked for.
+fn check_url(url: &str) -> anyhow::Result<()> {
+    let known = ["postgres://", "postgresql://", "sqlite:"];
+    match known.iter().any(|scheme| url.starts_with(scheme)) {
+        true => Ok(()),
+        false => Err(unsupported(url)),
+    }
+}
+
+fn unsupported(url: &str) -> anyhow::Error {
+    anyhow::anyhow!("unsupported database URL `{url}`: use `sqlite:PATH` or `postgres://…`")
 }
 
 /// The process's Prometheus recorder, installed on first use. Installing is
@@ -185,7 +219,10 @@ impl App {
     /// Opens and migrates the store and builds every component. Nothing runs
     /// until [`App::run`].
     pub async fn build(config: AppConfig, listener: TcpListener) -> anyhow::Result<Self> {
-        let store = open_store(&config.database).await?;
+        let store = match &config.keyring {
+            Some(keyring) => open_store_with(&config.database, keyring.clone()).await?,
+            None => open_store(&config.database).await?,
+        };
         store
             .migrate()
             .await
@@ -220,13 +257,16 @@ impl App {
         let policy = if config.allow_private_destinations {
             DestinationPolicy::AllowPrivate
         } else {
-            DestinationPolicy::PublicOnly
+            DestinationPolicy::public_only(config.allow_destination_cidrs.clone())
         };
+        // The same policy at creation (API) and at connect time (dispatch).
+        let mut dispatch_config = config.dispatch;
+        dispatch_config.egress.policy = policy;
         let mut api_config = hookd_api::ApiConfig::new(policy);
         api_config.admin_token_hash = admin_token_hash;
         let state = hookd_api::AppState::new(store.clone(), api_config, wake.clone());
         let dispatcher =
-            Dispatcher::new(store.clone(), config.dispatch, Arc::new(SystemClock), wake)
+            Dispatcher::new(store.clone(), dispatch_config, Arc::new(SystemClock), wake)
                 .context("building the dispatcher")?;
         if let Some(handle) = prometheus() {
             state.set_metrics(render_metrics(handle, &dispatcher));

@@ -188,7 +188,7 @@ async fn two_dispatchers_never_deliver_one_delivery_twice(backend: Backend) {
         sub_ids.push(sub["sub_id"].as_str().unwrap().to_owned());
     }
     // A second dispatcher, with its own connection pool, on the same database.
-    let second_store = hookd::open_store(&app.database).await.unwrap();
+    let second_store = open_store(&app.database).await;
     let second = hookd_dispatch::Dispatcher::new(
         second_store,
         test_dispatch_config("second-worker"),

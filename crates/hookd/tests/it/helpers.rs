@@ -52,6 +52,24 @@ where
     eventually_within(what, DEADLINE, f).await
 }
 
+/// The key that seals subscription secrets in every test database: given to
+/// in-process apps and stores ([`test_keyring`]) and to `hookd` child
+/// processes (`HOOKD_ENCRYPTION_KEY`), so each reads what the others wrote.
+pub const TEST_ENCRYPTION_KEY: &str = "HwUBoQUkrCFALZ33ksQVMq5k5b9TuZL/6uLqXawljZg=";
+
+pub fn test_keyring() -> hookd_store::crypto::Keyring {
+    hookd_store::crypto::Keyring::new(
+        hookd_store::crypto::EncryptionKey::from_base64(TEST_ENCRYPTION_KEY).unwrap(),
+    )
+}
+
+/// The store at `database`, as the test apps open it (with [`test_keyring`]).
+pub async fn open_store(database: &str) -> std::sync::Arc<dyn hookd_store::Store> {
+    hookd::open_store_with(database, test_keyring())
+        .await
+        .unwrap()
+}
+
 /// A database URL for a fresh, empty database of `backend`, and what keeps
 /// it alive. `None` when PostgreSQL is not configured outside CI.
 pub async fn fresh_database(backend: Backend) -> Option<(String, Box<dyn std::any::Any + Send>)> {
@@ -86,6 +104,8 @@ pub fn test_dispatch_config(worker: &str) -> hookd_dispatch::DispatchConfig {
     c.poll_interval = Duration::from_millis(50);
     c.attempt_timeout = Duration::from_secs(10);
     c.shutdown_grace = Duration::from_secs(2);
+    // Receivers are on loopback (`hookd serve` sets the policy itself).
+    c.egress.policy = hookd_domain::destination::DestinationPolicy::AllowPrivate;
     c
 }
 
@@ -141,6 +161,7 @@ pub async fn spawn_app_full(
     config.admin_token = Some(token.clone());
     config.monitor.every = Duration::from_millis(100);
     config.dispatch.replay_every = Duration::from_millis(50);
+    config.keyring = Some(test_keyring());
     tune(&mut config);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let app = App::build(config, listener).await.expect("the app builds");
@@ -449,6 +470,8 @@ impl ServeProcess {
                 .args(["--lease", "3s", "--attempt-timeout", "2s"])
                 .args(["--lease-renewal", "1s", "--shutdown-grace", "1s"])
                 .env("HOOKD_ADMIN_TOKEN", PROCESS_TOKEN)
+                .env("HOOKD_ENCRYPTION_KEY", TEST_ENCRYPTION_KEY)
+                .env_remove("HOOKD_ENCRYPTION_KEY_PREVIOUS")
                 .env("HOOKD_LOG", "warn")
                 .env_remove("HOOKD_DATABASE_URL")
                 .env_remove("HOOKD_LISTEN")

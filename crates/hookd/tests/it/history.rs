@@ -64,7 +64,7 @@ async fn stats_count_a_days_outcomes_and_survive_retention(backend: Backend) {
 
     // Everything expires (cutoffs past the end of today, so even today's
     // PostgreSQL partition qualifies).
-    let store = hookd::open_store(&app.database).await.unwrap();
+    let store = open_store(&app.database).await;
     let later = chrono::Utc::now() + chrono::Duration::days(2);
     let policy = RetentionPolicy {
         deliveries_before: later,

@@ -28,7 +28,7 @@ crate::on_both_backends!(
 /// running: seeding a day of dead-lettered history without waiting through
 /// the breaker and retry schedule that would produce it live.
 async fn seed_dead(database: &str, sub_id: &str, host: &str, n: usize) -> Vec<DeliveryId> {
-    let store = hookd::open_store(database).await.unwrap();
+    let store = open_store(database).await;
     let sub_id: SubscriptionId = sub_id.parse().unwrap();
     let mut ids = Vec::with_capacity(n);
     for i in 0..n {

@@ -106,7 +106,12 @@ async fn two_concurrent_rotations_both_take_effect(backend: Backend) {
     let (a, b) = tokio::join!(rotate(), rotate());
     assert_ne!(a, b);
     let r = deliver_one(&app, &rx, 0).await;
-    assert_eq!(signatures(&r).count(), 2, "{}", r.header("webhook-signature"));
+    assert_eq!(
+        signatures(&r).count(),
+        2,
+        "{}",
+        r.header("webhook-signature")
+    );
     assert!(r.signed_by(&a), "the first rotation's secret signs");
     assert!(r.signed_by(&b), "the second rotation's secret signs");
     app.stop().await;

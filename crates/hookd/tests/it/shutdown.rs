@@ -41,7 +41,7 @@ async fn an_attempt_cut_off_at_shutdown_is_released_not_lost(backend: Backend) {
     let database = app.database.clone();
     let _database_kept = app.stop().await; // returns only after the grace and the release
 
-    let store = hookd::open_store(&database).await.unwrap();
+    let store = open_store(&database).await;
     let page = store
         .list_deliveries(&hookd_store::DeliveryQuery {
             sub_id: Some(sub_id.parse().unwrap()),
