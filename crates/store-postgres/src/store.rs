@@ -14,8 +14,8 @@ use hookd_store::{
     DailyStats, Delivery, DeliveryDetail, DeliveryQuery, DueDestination, DueSubscription, Event,
     JobStep, Lease, NewDelivery, NewEvent, NewReplayJob, NewSubscription, NewToken, NextState,
     Notice, RaisedSignal, RecordOutcome, ReplayJob, Result, RetentionPolicy, RetentionReport,
-    SignalKind, Store, StoreError, Subscription, SubscriptionHealth, SubscriptionPatch,
-    SubscriptionQuery, TokenScope,
+    SignalKind, Store, StoreError, StreakChange, Subscription, SubscriptionHealth,
+    SubscriptionPatch, SubscriptionQuery, TokenScope,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{Postgres, Row, Transaction};
@@ -335,6 +335,51 @@ impl Store for PgStore {
                 .await
                 .map_err(map)?;
             Ok(())
+        })
+        .await
+    }
+
+    async fn schema_status(&self) -> Result<hookd_store::SchemaStatus> {
+        self.bounded(async {
+            // One row per migration: as cheap as `SELECT 1`.
+            let applied: std::result::Result<Option<i64>, sqlx::Error> =
+                sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
+                    .fetch_one(&self.pool)
+                    .await;
+            let applied = match applied {
+                Ok(v) => v,
+                // undefined_table: never migrated.
+                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => None,
+                Err(e) => return Err(map(e)),
+            };
+            let expected = MIGRATOR
+                .iter()
+                .filter(|m| !m.migration_type.is_down_migration())
+                .map(|m| m.version)
+                .max()
+                .unwrap_or(0);
+            Ok(hookd_store::SchemaStatus::compare(applied, expected))
+        })
+        .await
+    }
+
+    async fn due_work(&self) -> Result<hookd_store::DueWork> {
+        self.bounded(async {
+            let row = sqlx::query(
+                "SELECT count(*) AS due, \
+                 COALESCE(EXTRACT(EPOCH FROM now() - min(d.next_attempt_at)), 0)::float8 AS overdue \
+                 FROM deliveries d JOIN subscriptions s ON s.sub_id = d.sub_id \
+                 WHERE d.state = 'pending' AND d.next_attempt_at <= now() AND s.state = 'active'",
+            )
+            .fetch_one(&self.pool)
+            .await
+            .map_err(map)?;
+            let due: i64 = row.try_get("due").map_err(map)?;
+            let overdue: f64 = row.try_get("overdue").map_err(map)?;
+            Ok(hookd_store::DueWork {
+                due: u64::try_from(due).unwrap_or(0),
+                oldest_overdue: Duration::try_from_secs_f64(overdue.max(0.0)).unwrap_or_default(),
+            })
         })
         .await
     }
@@ -882,6 +927,182 @@ impl Store for PgStore {
         .await
     }
 
+    async fn record_attempts(&self, records: Vec<AttemptRecord>) -> Result<Vec<RecordOutcome>> {
+        if records.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.bounded(async {
+            let ids: Vec<Uuid> = records
+                .iter()
+                .map(|r| *r.lease.delivery_id.as_uuid())
+                .collect();
+            let mut tx = begin(self).await?;
+            // Each delivery's subscription, for the streaks. A delivery that
+            // is gone (its day dropped) gets LeaseLost and nothing else, as
+            // record_attempt does.
+            let subs: HashMap<Uuid, Uuid> =
+                sqlx::query("SELECT delivery_id, sub_id FROM deliveries WHERE delivery_id = ANY($1)")
+                    .bind(&ids)
+                    .fetch_all(&mut *tx)
+                    .await
+                    .map_err(map)?
+                    .iter()
+                    .map(|row| Ok((row.try_get("delivery_id")?, row.try_get("sub_id")?)))
+                    .collect::<std::result::Result<_, sqlx::Error>>()
+                    .map_err(map)?;
+            // The same lock order as record_attempt: subscription rows (only
+            // those whose streak changes), then deliveries, then attempts.
+            // One statement for all streaks, each folded over the batch in
+            // record order; subscriptions sorted, so two batches lock them
+            // in one order.
+            let mut streaks: HashMap<Uuid, StreakChange> = HashMap::new();
+            for r in &records {
+                if let Some(sub) = subs.get(r.lease.delivery_id.as_uuid()) {
+                    let delivered = matches!(r.next, NextState::Delivered);
+                    let prev = streaks.get(sub).copied();
+                    streaks.insert(
+                        *sub,
+                        StreakChange::then(prev, delivered, r.attempt.started_at),
+                    );
+                }
+            }
+            let mut streaks: Vec<(Uuid, StreakChange)> = streaks.into_iter().collect();
+            streaks.sort_by_key(|(sub, _)| *sub);
+            if !streaks.is_empty() {
+                let (mut sub_ids, mut kinds, mut times) = (Vec::new(), Vec::new(), Vec::new());
+                for (sub, change) in &streaks {
+                    let (kind, t) = match *change {
+                        StreakChange::StartUnlessBegun(t) => ("start", t),
+                        // The time is not used.
+                        StreakChange::End => ("end", chrono::DateTime::UNIX_EPOCH),
+                        StreakChange::Restart(t) => ("restart", t),
+                    };
+                    sub_ids.push(*sub);
+                    kinds.push(kind);
+                    times.push(t);
+                }
+                sqlx::query(
+                    "UPDATE subscriptions s SET failing_since = CASE u.kind WHEN 'end' THEN NULL \
+                         WHEN 'restart' THEN u.t ELSE COALESCE(s.failing_since, u.t) END \
+                     FROM unnest($1::uuid[], $2::text[], $3::timestamptz[]) AS u(sub_id, kind, t) \
+                     WHERE s.sub_id = u.sub_id AND s.failing_since IS DISTINCT FROM \
+                         (CASE u.kind WHEN 'end' THEN NULL WHEN 'restart' THEN u.t \
+                          ELSE COALESCE(s.failing_since, u.t) END)",
+                )
+                .bind(&sub_ids)
+                .bind(&kinds)
+                .bind(&times)
+                .execute(&mut *tx)
+                .await
+                .map_err(map)?;
+            }
+            // Every delivery in one statement, each fenced by its own token.
+            let n = records.len();
+            let (mut tokens, mut states, mut statuses, mut errors, mut delays) = (
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+            );
+            for r in &records {
+                let (state, delay) = match &r.next {
+                    NextState::Delivered => ("delivered", None),
+                    NextState::Retry { delay } => ("pending", Some(micros(*delay))),
+                    NextState::Failed => ("failed", None),
+                    NextState::Dead => ("dead", None),
+                };
+                tokens.push(r.lease.token);
+                states.push(state);
+                statuses.push(r.attempt.status.map(i32::from));
+                errors.push(r.last_error.as_deref());
+                delays.push(delay);
+            }
+            let moved: Vec<(Uuid, i64)> = sqlx::query_as(
+                "UPDATE deliveries d SET attempt = d.attempt + 1, state = v.state, \
+                 last_status = v.status, last_error = v.last_error, \
+                 next_attempt_at = CASE WHEN v.delay IS NULL THEN d.next_attempt_at \
+                     ELSE now() + v.delay * interval '1 microsecond' END, \
+                 lease_expires = NULL, worker_id = NULL, updated_at = now() \
+                 FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::integer[], $5::text[], $6::bigint[]) \
+                     AS v(delivery_id, token, state, status, last_error, delay) \
+                 WHERE d.delivery_id = v.delivery_id AND d.state = 'inflight' AND d.lease_token = v.token \
+                 RETURNING d.delivery_id, v.token",
+            )
+            .bind(&ids)
+            .bind(&tokens)
+            .bind(&states)
+            .bind(&statuses)
+            .bind(&errors)
+            .bind(&delays)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(map)?;
+            // A lease moves its delivery once: the first record holding it.
+            let mut moved: std::collections::HashSet<(Uuid, i64)> = moved.into_iter().collect();
+            let outcomes: Vec<RecordOutcome> = records
+                .iter()
+                .map(|r| {
+                    if moved.remove(&(*r.lease.delivery_id.as_uuid(), r.lease.token)) {
+                        RecordOutcome::Recorded
+                    } else {
+                        RecordOutcome::LeaseLost
+                    }
+                })
+                .collect();
+            // Every attempt in one statement, in record order, each in its
+            // delivery's partition with the outcome it caused.
+            let (mut numbers, mut started, mut durations, mut classes, mut snippets, mut caused) = (
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+            );
+            for (r, o) in records.iter().zip(&outcomes) {
+                let a = &r.attempt;
+                numbers.push(to_i32("attempt number", a.number)?);
+                started.push(a.started_at);
+                durations.push(i64::try_from(a.duration.as_millis()).unwrap_or(i64::MAX));
+                classes.push(a.error_class.map(|c| c.as_str()));
+                snippets.push(a.response_snippet.as_deref());
+                caused.push((*o == RecordOutcome::Recorded).then_some(match r.next {
+                    NextState::Delivered => "delivered",
+                    NextState::Retry { .. } => "retry",
+                    NextState::Failed => "failed",
+                    NextState::Dead => "dead",
+                }));
+            }
+            sqlx::query(
+                "INSERT INTO attempts (delivery_id, number, started_at, duration_ms, status, error_class, \
+                 response_snippet, outcome, retain_from) \
+                 SELECT v.delivery_id, v.number, v.started_at, v.duration_ms, v.status, v.error_class, \
+                     v.snippet, v.outcome, d.retain_from \
+                 FROM unnest($1::uuid[], $2::integer[], $3::timestamptz[], $4::bigint[], $5::integer[], \
+                     $6::text[], $7::text[], $8::text[]) WITH ORDINALITY \
+                     AS v(delivery_id, number, started_at, duration_ms, status, error_class, snippet, outcome, ord) \
+                 CROSS JOIN LATERAL (SELECT x.retain_from FROM deliveries x \
+                     WHERE x.delivery_id = v.delivery_id LIMIT 1) d \
+                 ORDER BY v.ord",
+            )
+            .bind(&ids)
+            .bind(&numbers)
+            .bind(&started)
+            .bind(&durations)
+            .bind(&statuses)
+            .bind(&classes)
+            .bind(&snippets)
+            .bind(&caused)
+            .execute(&mut *tx)
+            .await
+            .map_err(map)?;
+            commit(tx).await?;
+            Ok(outcomes)
+        })
+        .await
+    }
+
     async fn renew_lease(&self, lease: &Lease, lease_for: Duration) -> Result<bool> {
         self.bounded(async {
             let res = sqlx::query(
@@ -1337,10 +1558,13 @@ impl Store for PgStore {
 
     async fn create_token(&self, token: NewToken) -> Result<()> {
         self.bounded(async {
-            sqlx::query("INSERT INTO tokens (token_hash, customer_id, label) VALUES ($1, $2, $3)")
-                .bind(&token.token_hash)
-                .bind(token.customer_id.as_ref().map(CustomerId::as_str))
-                .bind(token.label.as_deref())
+            sqlx::query(
+                "INSERT INTO tokens (token_hash, customer_id, label, expires_at) VALUES ($1, $2, $3, $4)",
+            )
+            .bind(&token.token_hash)
+            .bind(token.customer_id.as_ref().map(CustomerId::as_str))
+            .bind(token.label.as_deref())
+            .bind(token.expires_at)
                 .execute(&self.pool)
                 .await
                 .map_err(map)?;
@@ -1351,11 +1575,14 @@ impl Store for PgStore {
 
     async fn find_token(&self, token_hash: &[u8]) -> Result<Option<TokenScope>> {
         self.bounded(async {
-            let row = sqlx::query("SELECT customer_id FROM tokens WHERE token_hash = $1")
-                .bind(token_hash)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(map)?;
+            let row = sqlx::query(
+                "SELECT customer_id FROM tokens \
+                 WHERE token_hash = $1 AND (expires_at IS NULL OR expires_at > now())",
+            )
+            .bind(token_hash)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map)?;
             let Some(row) = row else { return Ok(None) };
             let customer: Option<String> = row.try_get("customer_id").map_err(map)?;
             Ok(Some(match customer {

@@ -9,6 +9,7 @@ use hookd_domain::{DeliveryId, SubscriptionId};
 use hookd_store::{
     AttemptRecord, ClaimOrder, ClaimRequest, ClaimedDelivery, Delivery, DueDestination,
     DueSubscription, Lease, MAX_SNIPPET_BYTES, NextState, RecordOutcome, Result, StoreError,
+    StreakChange,
 };
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 use uuid::Uuid;
@@ -316,6 +317,123 @@ pub(crate) async fn record_attempt(
     } else {
         RecordOutcome::LeaseLost
     })
+}
+
+pub(crate) async fn record_attempts(
+    store: &SqliteStore,
+    records: Vec<AttemptRecord>,
+) -> Result<Vec<RecordOutcome>> {
+    if records.is_empty() {
+        return Ok(Vec::new());
+    }
+    // One write transaction for the whole batch, each record exactly as
+    // record_attempt writes it, with the same statements (prepared once per
+    // connection and reused for every record). The failing streak is folded
+    // per subscription in record order and written once per subscription at
+    // the end. Any error drops the transaction: nothing is written.
+    let mut tx = store.write().await?;
+    let now = now_ms();
+    let mut outcomes = Vec::with_capacity(records.len());
+    let mut streaks: Vec<(Uuid, StreakChange)> = Vec::new();
+    for record in records {
+        let AttemptRecord {
+            lease,
+            attempt,
+            next,
+            last_error,
+        } = record;
+        let (state, next_attempt_at, outcome) = match next {
+            NextState::Delivered => ("delivered", None, "delivered"),
+            NextState::Retry { delay } => ("pending", Some(after(now, delay)), "retry"),
+            NextState::Failed => ("failed", None, "failed"),
+            NextState::Dead => ("dead", None, "dead"),
+        };
+        let moved: Option<Uuid> = sqlx::query_scalar(
+            "UPDATE deliveries SET state = ?, attempt = attempt + 1, last_status = ?, last_error = ?, \
+             next_attempt_at = COALESCE(?, next_attempt_at), lease_expires = NULL, worker_id = NULL, updated_at = ? \
+             WHERE delivery_id = ? AND state = 'inflight' AND lease_token = ? RETURNING sub_id",
+        )
+        .bind(state)
+        .bind(attempt.status.map(i64::from))
+        .bind(last_error)
+        .bind(next_attempt_at)
+        .bind(now)
+        .bind(lease.delivery_id.as_uuid())
+        .bind(lease.token)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(from_sqlx)?;
+        let sub_id = match moved {
+            Some(sub_id) => sub_id,
+            // The lease was lost: the attempt is still written, and still
+            // counts for the streak. A missing delivery fails the batch, as
+            // record_attempt fails on it.
+            None => sqlx::query_scalar("SELECT sub_id FROM deliveries WHERE delivery_id = ?")
+                .bind(lease.delivery_id.as_uuid())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(from_sqlx)?
+                .ok_or(StoreError::NotFound)?,
+        };
+        sqlx::query(
+            "INSERT INTO attempts (delivery_id, number, started_at, duration_ms, status, error_class, \
+             response_snippet, outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(lease.delivery_id.as_uuid())
+        .bind(i64::from(attempt.number))
+        .bind(to_ms(attempt.started_at))
+        .bind(duration_ms(attempt.duration))
+        .bind(attempt.status.map(i64::from))
+        .bind(attempt.error_class.map(|c| c.as_str()))
+        .bind(attempt.response_snippet.as_deref().map(clip))
+        .bind(moved.is_some().then_some(outcome))
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| match e {
+            sqlx::Error::Database(ref db) if db.is_foreign_key_violation() => StoreError::NotFound,
+            e => from_sqlx(e),
+        })?;
+        let delivered = matches!(next, NextState::Delivered);
+        match streaks.iter_mut().find(|(s, _)| *s == sub_id) {
+            Some((_, change)) => {
+                *change = StreakChange::then(Some(*change), delivered, attempt.started_at);
+            }
+            None => streaks.push((
+                sub_id,
+                StreakChange::then(None, delivered, attempt.started_at),
+            )),
+        }
+        outcomes.push(if moved.is_some() {
+            RecordOutcome::Recorded
+        } else {
+            RecordOutcome::LeaseLost
+        });
+    }
+    // Each statement writes the row only when the streak changes.
+    for (sub_id, change) in streaks {
+        let q = match change {
+            StreakChange::End => sqlx::query(
+                "UPDATE subscriptions SET failing_since = NULL \
+                 WHERE sub_id = ? AND failing_since IS NOT NULL",
+            )
+            .bind(sub_id),
+            StreakChange::StartUnlessBegun(t) => sqlx::query(
+                "UPDATE subscriptions SET failing_since = ? \
+                 WHERE sub_id = ? AND failing_since IS NULL",
+            )
+            .bind(to_ms(t))
+            .bind(sub_id),
+            StreakChange::Restart(t) => sqlx::query(
+                "UPDATE subscriptions SET failing_since = ?1 \
+                 WHERE sub_id = ?2 AND failing_since IS NOT ?1",
+            )
+            .bind(to_ms(t))
+            .bind(sub_id),
+        };
+        q.execute(&mut *tx).await.map_err(from_sqlx)?;
+    }
+    tx.commit().await.map_err(from_sqlx)?;
+    Ok(outcomes)
 }
 
 pub(crate) async fn renew_lease(

@@ -351,6 +351,51 @@ impl Store for SqliteStore {
         Ok(())
     }
 
+    async fn schema_status(&self) -> Result<hookd_store::SchemaStatus> {
+        // One row per migration: as cheap as `SELECT 1`. The migrations
+        // table exists once `migrate` has run.
+        let exists: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?)",
+        )
+        .bind(MIGRATIONS_TABLE)
+        .fetch_one(&self.reader)
+        .await
+        .map_err(from_sqlx)?;
+        let applied: Option<i64> = if exists {
+            sqlx::query_scalar("SELECT MAX(version) FROM _sqlx_migrations WHERE success")
+                .fetch_one(&self.reader)
+                .await
+                .map_err(from_sqlx)?
+        } else {
+            None
+        };
+        let expected = MIGRATOR
+            .iter()
+            .filter(|m| !m.migration_type.is_down_migration())
+            .map(|m| m.version)
+            .max()
+            .unwrap_or(0);
+        Ok(hookd_store::SchemaStatus::compare(applied, expected))
+    }
+
+    async fn due_work(&self) -> Result<hookd_store::DueWork> {
+        let now = codec::now_ms();
+        let (due, oldest): (i64, Option<i64>) = sqlx::query_as(
+            "SELECT COUNT(*), MIN(d.next_attempt_at) FROM deliveries d \
+             JOIN subscriptions s ON s.sub_id = d.sub_id \
+             WHERE d.state = 'pending' AND d.next_attempt_at <= ? AND s.state = 'active'",
+        )
+        .bind(now)
+        .fetch_one(&self.reader)
+        .await
+        .map_err(from_sqlx)?;
+        let overdue_ms = oldest.map_or(0, |t| now.saturating_sub(t).max(0));
+        Ok(hookd_store::DueWork {
+            due: u64::try_from(due).unwrap_or(0),
+            oldest_overdue: Duration::from_millis(u64::try_from(overdue_ms).unwrap_or(0)),
+        })
+    }
+
     async fn create_subscription(&self, new: NewSubscription) -> Result<Subscription> {
         subscriptions::create(self, new).await
     }
@@ -409,6 +454,10 @@ impl Store for SqliteStore {
 
     async fn record_attempt(&self, record: AttemptRecord) -> Result<RecordOutcome> {
         dispatch::record_attempt(self, record).await
+    }
+
+    async fn record_attempts(&self, records: Vec<AttemptRecord>) -> Result<Vec<RecordOutcome>> {
+        dispatch::record_attempts(self, records).await
     }
 
     async fn renew_lease(&self, lease: &Lease, lease_for: Duration) -> Result<bool> {

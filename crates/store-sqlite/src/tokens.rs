@@ -4,18 +4,20 @@ use hookd_domain::CustomerId;
 use hookd_store::{NewToken, Result, TokenScope};
 
 use crate::SqliteStore;
-use crate::codec::now_ms;
+use crate::codec::{now_ms, to_ms};
 use crate::error::{corrupt, from_sqlx};
 
 pub(crate) async fn create(store: &SqliteStore, token: NewToken) -> Result<()> {
     let mut tx = store.write().await?;
     sqlx::query(
-        "INSERT INTO tokens (token_hash, customer_id, label, created_at) VALUES (?, ?, ?, ?)",
+        "INSERT INTO tokens (token_hash, customer_id, label, created_at, expires_at) \
+         VALUES (?, ?, ?, ?, ?)",
     )
     .bind(token.token_hash)
     .bind(token.customer_id.as_ref().map(|c| c.as_str()))
     .bind(token.label)
     .bind(now_ms())
+    .bind(token.expires_at.map(to_ms))
     .execute(&mut *tx)
     .await
     .map_err(from_sqlx)?;
@@ -24,12 +26,15 @@ pub(crate) async fn create(store: &SqliteStore, token: NewToken) -> Result<()> {
 
 pub(crate) async fn find(store: &SqliteStore, token_hash: &[u8]) -> Result<Option<TokenScope>> {
     // Outer Option: is there a token; inner: is it scoped to a customer.
-    let found: Option<Option<String>> =
-        sqlx::query_scalar("SELECT customer_id FROM tokens WHERE token_hash = ?")
-            .bind(token_hash)
-            .fetch_optional(&store.reader)
-            .await
-            .map_err(from_sqlx)?;
+    let found: Option<Option<String>> = sqlx::query_scalar(
+        "SELECT customer_id FROM tokens \
+             WHERE token_hash = ? AND (expires_at IS NULL OR expires_at > ?)",
+    )
+    .bind(token_hash)
+    .bind(now_ms())
+    .fetch_optional(&store.reader)
+    .await
+    .map_err(from_sqlx)?;
     found
         .map(|customer| match customer {
             None => Ok(TokenScope::Admin),

@@ -84,6 +84,7 @@ macro_rules! conformance_tests {
             subscription_health_of_a_quiet_subscription_is_empty,
             subscription_health_of_a_missing_or_deleted_subscription_is_not_found,
             tokens_are_found_by_hash,
+            an_expired_token_is_not_found,
             missing_records_are_not_found,
             a_replay_job_fixes_its_items_and_exact_total,
             a_replay_job_with_no_items_completes_on_its_first_step,
@@ -102,8 +103,14 @@ macro_rules! conformance_tests {
             raised_signals_filter_by_kind_and_omit_deleted_subscriptions,
             raising_a_signal_for_a_missing_or_deleted_subscription_is_not_found,
             backlogs_count_unfinished_deliveries_of_live_subscriptions,
+            due_work_counts_due_pending_deliveries_of_active_subscriptions,
+            a_migrated_schema_is_current,
             a_failing_streak_starts_at_the_first_failure_and_ends_at_a_delivery,
             failing_streaks_count_attempts_whose_lease_was_lost,
+            record_attempts_fences_each_record_by_its_own_lease,
+            record_attempts_equals_recording_one_by_one,
+            an_empty_batch_of_attempts_records_nothing,
+            a_batch_moves_the_failing_streak_in_record_order,
             daily_stats_count_attempts_by_day_and_the_outcome_they_caused,
             retention_removes_finished_deliveries_and_folds_their_attempts_into_the_rollup,
             retention_never_removes_unfinished_deliveries_or_the_events_they_need,
@@ -2562,6 +2569,7 @@ pub async fn tokens_are_found_by_hash(store: Arc<dyn Store>) {
         token_hash: vec![1; 32],
         customer_id: Some(CustomerId::parse("acme").unwrap()),
         label: None,
+        expires_at: None,
     };
     store.create_token(cust.clone()).await.unwrap();
     assert!(
@@ -2573,6 +2581,7 @@ pub async fn tokens_are_found_by_hash(store: Arc<dyn Store>) {
             token_hash: vec![2; 32],
             customer_id: None,
             label: Some("admin".into()),
+            expires_at: None,
         })
         .await
         .unwrap();
@@ -2590,6 +2599,35 @@ pub async fn tokens_are_found_by_hash(store: Arc<dyn Store>) {
         store.create_token(cust).await,
         Err(StoreError::Conflict(_))
     ));
+}
+
+pub async fn an_expired_token_is_not_found(store: Arc<dyn Store>) {
+    let acme = || Some(CustomerId::parse("acme").unwrap());
+    let token = |hash: u8, expires_at| NewToken {
+        token_hash: vec![hash; 32],
+        customer_id: acme(),
+        label: Some("portal link".into()),
+        expires_at: Some(expires_at),
+    };
+    let now = chrono::Utc::now();
+    store
+        .create_token(token(7, now + chrono::Duration::hours(1)))
+        .await
+        .unwrap();
+    store
+        .create_token(token(8, now - chrono::Duration::seconds(1)))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.find_token(&[7; 32]).await.unwrap(),
+        acme().map(TokenScope::Customer),
+        "works until it expires"
+    );
+    assert_eq!(
+        store.find_token(&[8; 32]).await.unwrap(),
+        None,
+        "an expired token is as if absent"
+    );
 }
 
 pub async fn missing_records_are_not_found(store: Arc<dyn Store>) {
@@ -3685,6 +3723,52 @@ pub async fn backlogs_count_unfinished_deliveries_of_live_subscriptions(store: A
     assert_eq!(got, want);
 }
 
+pub async fn due_work_counts_due_pending_deliveries_of_active_subscriptions(store: Arc<dyn Store>) {
+    assert_eq!(store.due_work().await.unwrap(), DueWork::default());
+    let a = store
+        .create_subscription(new_sub("due-a.example", None))
+        .await
+        .unwrap();
+    let disabled = store
+        .create_subscription(new_sub("due-off.example", None))
+        .await
+        .unwrap();
+    // a: one delivered, one waiting to retry, one in flight: none due.
+    delivery_ending(&store, &a, "order.created", &[(200, NextState::Delivered)]).await;
+    delivery_ending(
+        &store,
+        &a,
+        "order.created",
+        &[(503, NextState::Retry { delay: LONG })],
+    )
+    .await;
+    ingest_one(&store, &a, "order.created").await;
+    claim_all_of(&store, &a).await;
+    assert_eq!(store.due_work().await.unwrap(), DueWork::default());
+    // Two pending and due now; a disabled subscription's are not due work.
+    ingest_one(&store, &a, "order.created").await;
+    ingest_one(&store, &a, "order.created").await;
+    ingest_one(&store, &disabled, "order.created").await;
+    store
+        .update_subscription(
+            &disabled.id,
+            SubscriptionPatch {
+                state: Some(SubscriptionState::Disabled),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let got = store.due_work().await.unwrap();
+    assert_eq!(got.due, 2, "{got:?}");
+}
+
+pub async fn a_migrated_schema_is_current(store: Arc<dyn Store>) {
+    assert_eq!(store.schema_status().await.unwrap(), SchemaStatus::Current);
+    store.migrate().await.unwrap();
+    assert_eq!(store.schema_status().await.unwrap(), SchemaStatus::Current);
+}
+
 // --- failing streaks -----------------------------------------------------------
 
 /// A time `minutes` before now, on the caller's clock.
@@ -4208,4 +4292,229 @@ pub async fn retention_in_small_batches_says_when_more_is_due(store: Arc<dyn Sto
         assert!(!delivery_exists(&store, id).await);
     }
     assert_eq!(week_of_stats(&store, &a.id).await, stats);
+}
+
+// --- batched attempt records ----------------------------------------------------
+
+/// A record of an attempt with `status`, started at `started_at`, on `c`.
+fn record_of(
+    c: &ClaimedDelivery,
+    status: u16,
+    started_at: Timestamp,
+    next: NextState,
+) -> AttemptRecord {
+    let mut a = attempt(c.delivery.attempt + 1, Some(status));
+    a.started_at = started_at;
+    AttemptRecord {
+        lease: c.lease,
+        attempt: a,
+        last_error: (status >= 300).then(|| format!("HTTP {status}")),
+        next,
+    }
+}
+
+/// Four claimed deliveries of `sub` and a record for each, in delivery
+/// order: a retry, a delivery, a permanent failure, and a dead end whose
+/// lease was lost (released before the record), with fixed start times.
+async fn batch_scenario(
+    store: &Arc<dyn Store>,
+    sub: &Subscription,
+    base: Timestamp,
+) -> (Vec<DeliveryId>, Vec<AttemptRecord>) {
+    for _ in 0..4 {
+        ingest_one(store, sub, "order.created").await;
+    }
+    let claimed = claim_all_of(store, sub).await;
+    assert_eq!(claimed.len(), 4);
+    assert_eq!(store.release(&[claimed[3].lease]).await.unwrap(), 1);
+    let at = |m: i64| base - chrono::Duration::minutes(m);
+    let records = vec![
+        record_of(&claimed[0], 500, at(30), NextState::Retry { delay: LONG }),
+        record_of(&claimed[1], 200, at(25), NextState::Delivered),
+        record_of(&claimed[2], 400, at(20), NextState::Failed),
+        record_of(&claimed[3], 503, at(15), NextState::Dead),
+    ];
+    (claimed.iter().map(|c| c.delivery.id).collect(), records)
+}
+
+pub async fn record_attempts_fences_each_record_by_its_own_lease(store: Arc<dyn Store>) {
+    let a = store
+        .create_subscription(new_sub("batch-a.example", None))
+        .await
+        .unwrap();
+    let (ids, records) = batch_scenario(&store, &a, chrono::Utc::now()).await;
+    let outcomes = store.record_attempts(records).await.unwrap();
+    assert_eq!(
+        outcomes,
+        [
+            RecordOutcome::Recorded,
+            RecordOutcome::Recorded,
+            RecordOutcome::Recorded,
+            RecordOutcome::LeaseLost
+        ],
+        "outcomes in input order, the lost lease alone LeaseLost"
+    );
+    let states = [
+        DeliveryState::Pending,
+        DeliveryState::Delivered,
+        DeliveryState::Failed,
+        DeliveryState::Pending,
+    ];
+    for (id, want) in ids.iter().zip(states) {
+        let d = store.get_delivery(id).await.unwrap();
+        assert_eq!(d.delivery.state, want, "{id}");
+        assert_eq!(
+            d.attempts.len(),
+            1,
+            "every attempt is written, lease or not"
+        );
+    }
+    let lost = store.get_delivery(&ids[3]).await.unwrap().delivery;
+    assert_eq!(
+        lost.attempt, 0,
+        "a lost lease leaves the delivery untouched"
+    );
+    assert_eq!(lost.last_status, None);
+    let failed = store.get_delivery(&ids[2]).await.unwrap().delivery;
+    assert_eq!(failed.attempt, 1);
+    assert_eq!(failed.last_status, Some(400));
+    assert_eq!(failed.last_error.as_deref(), Some("HTTP 400"));
+    // The lost lease's delivery is claimable again and records as usual.
+    let c = claim_all_of(&store, &a).await;
+    assert_eq!(
+        c.iter().map(|c| c.delivery.id).collect::<Vec<_>>(),
+        [ids[3]]
+    );
+    assert_eq!(
+        store
+            .record_attempts(vec![record_of(
+                &c[0],
+                200,
+                chrono::Utc::now(),
+                NextState::Delivered
+            )])
+            .await
+            .unwrap(),
+        [RecordOutcome::Recorded]
+    );
+    let d = store.get_delivery(&ids[3]).await.unwrap();
+    assert_eq!(d.delivery.state, DeliveryState::Delivered);
+    assert_eq!(d.attempts.len(), 2);
+}
+
+pub async fn record_attempts_equals_recording_one_by_one(store: Arc<dyn Store>) {
+    let one = store
+        .create_subscription(new_sub("batch-one.example", None))
+        .await
+        .unwrap();
+    let many = store
+        .create_subscription(new_sub("batch-many.example", None))
+        .await
+        .unwrap();
+    let base = midday(1);
+    let (one_ids, one_records) = batch_scenario(&store, &one, base).await;
+    let (many_ids, many_records) = batch_scenario(&store, &many, base).await;
+    let mut one_outcomes = Vec::new();
+    for r in one_records {
+        one_outcomes.push(store.record_attempt(r).await.unwrap());
+    }
+    let many_outcomes = store.record_attempts(many_records).await.unwrap();
+    assert_eq!(one_outcomes, many_outcomes);
+    for (x, y) in one_ids.iter().zip(&many_ids) {
+        let (x, y) = (
+            store.get_delivery(x).await.unwrap(),
+            store.get_delivery(y).await.unwrap(),
+        );
+        assert_eq!(x.delivery.state, y.delivery.state);
+        assert_eq!(x.delivery.attempt, y.delivery.attempt);
+        assert_eq!(x.delivery.last_status, y.delivery.last_status);
+        assert_eq!(x.delivery.last_error, y.delivery.last_error);
+        assert_eq!(x.attempts, y.attempts);
+    }
+    // Failure, delivery, failure: both streaks restarted at the last
+    // failure (20 minutes before `base`).
+    let both = {
+        let mut v = vec![one.id, many.id];
+        v.sort();
+        v
+    };
+    assert_eq!(
+        failing(&store, base - chrono::Duration::minutes(20)).await,
+        both
+    );
+    assert!(
+        failing(&store, base - chrono::Duration::minutes(21))
+            .await
+            .is_empty()
+    );
+    let (x, y) = (
+        week_of_stats(&store, &one.id).await,
+        week_of_stats(&store, &many.id).await,
+    );
+    assert_eq!(x.len(), 1);
+    assert_eq!(x, y);
+}
+
+pub async fn an_empty_batch_of_attempts_records_nothing(store: Arc<dyn Store>) {
+    let a = store
+        .create_subscription(new_sub("batch-empty.example", None))
+        .await
+        .unwrap();
+    let id = ingest_one(&store, &a, "order.created").await;
+    let c = claim_one(&store, "batch-empty.example").await;
+    assert!(store.record_attempts(Vec::new()).await.unwrap().is_empty());
+    let d = store.get_delivery(&id).await.unwrap();
+    assert_eq!(d.delivery.state, DeliveryState::Inflight);
+    assert!(d.attempts.is_empty());
+    assert!(failing(&store, chrono::Utc::now()).await.is_empty());
+    assert!(store.renew_lease(&c.lease, LONG).await.unwrap());
+}
+
+pub async fn a_batch_moves_the_failing_streak_in_record_order(store: Arc<dyn Store>) {
+    let a = store
+        .create_subscription(new_sub("batch-order.example", None))
+        .await
+        .unwrap();
+    let retry = NextState::Retry { delay: LONG };
+    // A failure then a delivery, of two deliveries of one subscription: the
+    // streak ends.
+    ingest_one(&store, &a, "order.created").await;
+    ingest_one(&store, &a, "order.created").await;
+    let c = claim_all_of(&store, &a).await;
+    assert_eq!(c.len(), 2);
+    let outcomes = store
+        .record_attempts(vec![
+            record_of(&c[0], 500, minutes_ago(10), retry.clone()),
+            record_of(&c[1], 200, minutes_ago(9), NextState::Delivered),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(outcomes, [RecordOutcome::Recorded; 2]);
+    assert!(failing(&store, chrono::Utc::now()).await.is_empty());
+
+    // A delivery then a failure: a streak starts at the failure.
+    ingest_one(&store, &a, "order.created").await;
+    ingest_one(&store, &a, "order.created").await;
+    let c = claim_all_of(&store, &a).await;
+    assert_eq!(c.len(), 2, "the new ones; the retry is not due");
+    let began = minutes_ago(5);
+    store
+        .record_attempts(vec![
+            record_of(&c[1], 200, minutes_ago(6), NextState::Delivered),
+            record_of(&c[0], 500, began, NextState::Failed),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(failing(&store, began).await, [a.id]);
+    assert!(failing(&store, minutes_ago(6)).await.is_empty());
+
+    // Failures only: a streak that has begun keeps its start.
+    ingest_one(&store, &a, "order.created").await;
+    let c = claim_all_of(&store, &a).await;
+    assert_eq!(c.len(), 1);
+    store
+        .record_attempts(vec![record_of(&c[0], 500, minutes_ago(1), NextState::Dead)])
+        .await
+        .unwrap();
+    assert_eq!(failing(&store, began).await, [a.id]);
 }

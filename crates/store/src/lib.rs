@@ -46,6 +46,21 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Whether the store answers (used by readiness checks).
     async fn ping(&self) -> Result<()>;
 
+    /// How the database's schema compares with the migrations this build
+    /// carries, in one cheap read of the migrations table (a readiness probe
+    /// may call it every second). A database never migrated, or restored
+    /// from before a migration, is `Behind`; one a newer build migrated is
+    /// `Ahead`. Fails as [`ping`](Store::ping) does when the store does not
+    /// answer.
+    async fn schema_status(&self) -> Result<SchemaStatus>;
+
+    /// How many deliveries of active subscriptions are `pending` and due now
+    /// (`next_attempt_at <= now`), and how overdue the oldest of them is
+    /// (zero when none), on the store's clock. Its cost grows with the
+    /// number of pending deliveries (a range of the pending index), so it is
+    /// for a periodic monitor, not for every request.
+    async fn due_work(&self) -> Result<DueWork>;
+
     // --- subscriptions ---------------------------------------------------
 
     /// Stores a new subscription. `Conflict` if its id exists.
@@ -185,6 +200,22 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Only a change writes the subscription row, so a steady stream of
     /// successes (or of failures) costs no extra write.
     async fn record_attempt(&self, record: AttemptRecord) -> Result<RecordOutcome>;
+
+    /// Records many attempts in ONE transaction, each exactly as
+    /// [`record_attempt`](Store::record_attempt) would, applied in the order
+    /// given, and returns their outcomes in that order. Each record is fenced
+    /// by its own lease: one whose lease was lost still writes its attempt
+    /// row and gets `LeaseLost`, and only it. The failing streak follows the
+    /// records in order (a subscription's failure then delivery ends its
+    /// streak; a delivery then failure starts one), written at most once per
+    /// subscription per call, and only when it changes.
+    ///
+    /// All or nothing: if any record fails as `record_attempt` would fail
+    /// for it, or the store does, nothing is written and the error is
+    /// returned, so the caller may retry the whole batch (or record its
+    /// attempts one by one to find the one at fault). An empty batch writes
+    /// nothing and returns nothing.
+    async fn record_attempts(&self, records: Vec<AttemptRecord>) -> Result<Vec<RecordOutcome>>;
 
     /// Extends a live lease to `now + lease`. `false` if the lease was lost.
     async fn renew_lease(&self, lease: &Lease, lease_for: Duration) -> Result<bool>;
@@ -348,7 +379,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Stores an API token's hash and scope. `Conflict` if the hash exists.
     async fn create_token(&self, token: NewToken) -> Result<()>;
 
-    /// The scope of the token with this hash, if any.
+    /// The scope of the token with this hash, if any. A token whose
+    /// `expires_at` has passed (store clock) is as if absent.
     async fn find_token(&self, token_hash: &[u8]) -> Result<Option<TokenScope>>;
 
     /// Whether an admin token (one with no customer) is stored.

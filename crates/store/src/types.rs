@@ -341,6 +341,8 @@ pub struct NewToken {
     pub customer_id: Option<CustomerId>,
     /// A label for people.
     pub label: Option<String>,
+    /// When it stops working (portal links); `None`: until revoked.
+    pub expires_at: Option<Timestamp>,
 }
 
 /// What a token may see.
@@ -591,6 +593,79 @@ pub struct Backlog {
     pub unfinished: u64,
 }
 
+/// What [`due_work`](crate::Store::due_work) finds: work that is due now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DueWork {
+    /// `pending` deliveries of active subscriptions with
+    /// `next_attempt_at <= now`.
+    pub due: u64,
+    /// `now - next_attempt_at` of the oldest of them; zero when none.
+    pub oldest_overdue: Duration,
+}
+
+/// How a database's schema compares with the migrations this build carries
+/// ([`schema_status`](crate::Store::schema_status)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SchemaStatus {
+    /// Every migration of this build is applied, and none newer.
+    Current,
+    /// This build's newest migration is not applied: never migrated
+    /// (`applied` is `None`), or restored from before it.
+    Behind {
+        /// The newest version applied, if any.
+        applied: Option<i64>,
+        /// This build's newest version.
+        expected: i64,
+    },
+    /// A newer build migrated the database past this build's schema.
+    Ahead {
+        /// The newest version applied.
+        applied: i64,
+        /// This build's newest version.
+        expected: i64,
+    },
+}
+
+impl SchemaStatus {
+    /// Compares the newest applied version with this build's newest.
+    pub fn compare(applied: Option<i64>, expected: i64) -> Self {
+        match applied {
+            Some(v) if v == expected => Self::Current,
+            Some(v) if v > expected => Self::Ahead {
+                applied: v,
+                expected,
+            },
+            applied => Self::Behind { applied, expected },
+        }
+    }
+}
+
+impl std::fmt::Display for SchemaStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Current => f.write_str("the database schema is current"),
+            Self::Behind {
+                applied: None,
+                expected,
+            } => write!(
+                f,
+                "the database is not migrated (this build needs schema version {expected}; run `hookd migrate`)"
+            ),
+            Self::Behind {
+                applied: Some(applied),
+                expected,
+            } => write!(
+                f,
+                "the database schema is at version {applied}, behind this build's {expected} (run `hookd migrate`)"
+            ),
+            Self::Ahead { applied, expected } => write!(
+                f,
+                "the database schema is at version {applied}, newer than this build's {expected}: a newer hookd migrated it"
+            ),
+        }
+    }
+}
+
 // --- retention and the daily rollup ----------------------------------------
 
 /// What [`enforce_retention`](crate::Store::enforce_retention) removes.
@@ -639,4 +714,41 @@ pub struct DailyStats {
     /// Those attempts' durations as `(milliseconds, count)`, ascending by
     /// milliseconds, one entry per distinct value.
     pub latency_ms: Vec<(u64, u64)>,
+}
+
+/// What a run of attempts, taken in order, does to one subscription's
+/// failing streak: the fold backends use to write the subscription row at
+/// most once per [`record_attempts`](crate::Store::record_attempts) call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreakChange {
+    /// No delivery among them; the first failure started at this time: the
+    /// streak starts then unless it has begun.
+    StartUnlessBegun(Timestamp),
+    /// The last delivery ended the streak and no failure followed it.
+    End,
+    /// A delivery ended the streak and a failure started at this time began
+    /// a new one: the streak is exactly this.
+    Restart(Timestamp),
+}
+
+impl StreakChange {
+    /// The change after one more attempt (`delivered` or not, started at
+    /// `started_at`) following `prev` (`None`: the first attempt).
+    pub fn then(prev: Option<Self>, delivered: bool, started_at: Timestamp) -> Self {
+        match (prev, delivered) {
+            (_, true) => Self::End,
+            (None, false) => Self::StartUnlessBegun(started_at),
+            (Some(Self::End), false) => Self::Restart(started_at),
+            (Some(kept), false) => kept,
+        }
+    }
+
+    /// The streak's start after this change, given its start before.
+    pub fn apply(self, before: Option<Timestamp>) -> Option<Timestamp> {
+        match self {
+            Self::StartUnlessBegun(t) => before.or(Some(t)),
+            Self::End => None,
+            Self::Restart(t) => Some(t),
+        }
+    }
 }
