@@ -13,6 +13,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::admission::{Admission, AttemptPermit};
 use crate::record::decide;
+use crate::recorder::Recorder;
 use crate::send::Sender;
 use crate::{DispatchConfig, Observer, StoreObserver};
 
@@ -26,14 +27,14 @@ pub struct Dispatcher {
 }
 
 #[derive(Debug)]
-struct Inner {
-    store: Arc<dyn Store>,
+pub(crate) struct Inner {
+    pub(crate) store: Arc<dyn Store>,
     sender: Sender,
     admission: Arc<Admission>,
-    config: DispatchConfig,
+    pub(crate) config: DispatchConfig,
     clock: Arc<dyn Clock>,
     /// Bounds attempts in flight in this process.
-    global: Arc<Semaphore>,
+    pub(crate) global: Arc<Semaphore>,
     /// Nudged by ingest after a commit, so new work starts without waiting
     /// for the poll interval.
     wake: Arc<Notify>,
@@ -147,6 +148,7 @@ impl Dispatcher {
         let tracker = TaskTracker::new();
         let hard_stop = CancellationToken::new();
         let unfinished = Arc::new(Mutex::new(Vec::new()));
+        let (recorder, recording) = Recorder::start(self.inner.clone(), hard_stop.clone());
         let cfg = &self.inner.config;
         let mut next_reclaim = tokio::time::Instant::now();
         let mut backoff = Duration::ZERO;
@@ -163,7 +165,10 @@ impl Dispatcher {
                 }
                 next_reclaim = tokio::time::Instant::now() + cfg.reclaim_every;
             }
-            match self.claim_pass(&tracker, &hard_stop, &unfinished).await {
+            match self
+                .claim_pass(&tracker, &hard_stop, &unfinished, &recorder)
+                .await
+            {
                 Ok(Pass {
                     started: 0,
                     next_check,
@@ -215,6 +220,12 @@ impl Dispatcher {
             hard_stop.cancel();
             tracker.wait().await;
         }
+        // Every attempt has its record's outcome (or was cut off): flush
+        // what the recorder still holds before giving leases back.
+        drop(recorder);
+        if let Err(e) = recording.await {
+            tracing::error!(error = %e, "the attempt recorder failed");
+        }
         let leases = std::mem::take(&mut *unfinished.lock().unwrap());
         if !leases.is_empty() {
             let n = self.inner.store.release(&leases).await?;
@@ -230,12 +241,16 @@ impl Dispatcher {
     pub async fn dispatch_once(&self) -> Result<usize, StoreError> {
         let tracker = TaskTracker::new();
         let unfinished = Arc::new(Mutex::new(Vec::new()));
+        let hard_stop = CancellationToken::new();
+        let (recorder, recording) = Recorder::start(self.inner.clone(), hard_stop.clone());
         let pass = self
-            .claim_pass(&tracker, &CancellationToken::new(), &unfinished)
-            .await?;
+            .claim_pass(&tracker, &hard_stop, &unfinished, &recorder)
+            .await;
         tracker.close();
         tracker.wait().await;
-        Ok(pass.started)
+        drop(recorder);
+        let _ = recording.await;
+        Ok(pass?.started)
     }
 
     /// Claims what admission allows and spawns one task per claimed
@@ -247,6 +262,7 @@ impl Dispatcher {
         tracker: &TaskTracker,
         hard_stop: &CancellationToken,
         unfinished: &Arc<Mutex<Vec<Lease>>>,
+        recorder: &Recorder,
     ) -> Result<Pass, StoreError> {
         let inner = &self.inner;
         let mut pass = Pass::default();
@@ -298,6 +314,7 @@ impl Dispatcher {
                         job,
                         hard_stop.clone(),
                         unfinished.clone(),
+                        recorder.clone(),
                     ));
                     pass.started += 1;
                 }
@@ -316,6 +333,7 @@ async fn attempt(
     job: Job,
     hard_stop: CancellationToken,
     unfinished: Arc<Mutex<Vec<Lease>>>,
+    recorder: Recorder,
 ) {
     let Job {
         claimed,
@@ -323,7 +341,7 @@ async fn attempt(
         global,
     } = job;
     tokio::select! {
-        outcome = run_attempt(&inner, &claimed) => {
+        outcome = run_attempt(&inner, &claimed, &recorder) => {
             let transition = permit.finish(outcome);
             if let Some(t) = transition {
                 let to = match t { CircuitTransition::Opened => "open", CircuitTransition::Closed => "closed" };
@@ -344,7 +362,11 @@ async fn attempt(
 }
 
 /// Makes the attempt and records it; returns how it went, for admission.
-async fn run_attempt(inner: &Inner, claimed: &ClaimedDelivery) -> AttemptOutcome {
+async fn run_attempt(
+    inner: &Inner,
+    claimed: &ClaimedDelivery,
+    recorder: &Recorder,
+) -> AttemptOutcome {
     let cfg = &inner.config;
     let number = claimed.delivery.attempt + 1;
     fail::fail_point!("dispatch.after_claim");
@@ -378,7 +400,8 @@ async fn run_attempt(inner: &Inner, claimed: &ClaimedDelivery) -> AttemptOutcome
     );
     crash_points_before_record(&decision.record.next);
     let disable = decision.disable_subscription;
-    match record_with_retry(inner, decision.record).await {
+    // Recorded with the next batch; this task waits for its own outcome.
+    match recorder.record(decision.record).await {
         Some(RecordOutcome::Recorded) => {}
         Some(RecordOutcome::LeaseLost) => tracing::warn!(
             delivery_id = %claimed.delivery.id,
@@ -441,37 +464,6 @@ async fn renew_while_running(inner: &Inner, lease: Lease) -> std::convert::Infal
             }
             Err(e) => {
                 tracing::warn!(delivery_id = %lease.delivery_id, error = %error_chain(&e), "lease renewal failed")
-            }
-        }
-    }
-}
-
-/// Records an attempt, retrying while the store is unavailable, for at most
-/// the lease period: after that another worker owns the delivery anyway.
-async fn record_with_retry(
-    inner: &Inner,
-    record: hookd_store::AttemptRecord,
-) -> Option<RecordOutcome> {
-    let give_up = tokio::time::Instant::now() + inner.config.lease;
-    let mut wait = Duration::from_millis(50);
-    loop {
-        match inner.store.record_attempt(record.clone()).await {
-            Ok(outcome) => return Some(outcome),
-            Err(e)
-                if tokio::time::Instant::now() + wait < give_up
-                    && matches!(e, StoreError::Unavailable(_)) =>
-            {
-                tracing::warn!(delivery_id = %record.lease.delivery_id, error = %error_chain(&e), "recording the attempt failed; retrying");
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(Duration::from_secs(2));
-            }
-            Err(e) => {
-                tracing::error!(
-                    delivery_id = %record.lease.delivery_id,
-                    error = %error_chain(&e),
-                    "could not record the attempt; the lease will expire and the delivery will be retried"
-                );
-                return None;
             }
         }
     }

@@ -15,6 +15,7 @@ pub mod admission;
 mod claim;
 pub mod egress;
 pub mod record;
+mod recorder;
 mod replay;
 pub mod send;
 
