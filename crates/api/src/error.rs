@@ -57,6 +57,10 @@ pub enum ApiError {
     /// The store could not be reached; retrying shortly may succeed.
     #[error("the store is unavailable")]
     Unavailable(#[source] StoreError),
+    /// `/readyz`: the store does not answer, or its schema is not this
+    /// build's. The message says which (no secrets: the check is public).
+    #[error("not ready: {0}")]
+    NotReady(String),
     /// Anything else: a bug or an unexpected backend failure.
     #[error("internal error")]
     Internal(#[source] Box<dyn StdError + Send + Sync>),
@@ -95,7 +99,9 @@ impl ApiError {
             Self::TooManyAuthFailures(_) => {
                 (StatusCode::TOO_MANY_REQUESTS, "too_many_auth_failures")
             }
-            Self::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            Self::Unavailable(_) | Self::NotReady(_) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+            }
             Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
     }
@@ -178,7 +184,7 @@ impl IntoResponse for ApiError {
             .into_response();
         let headers = resp.headers_mut();
         match self {
-            Self::Unavailable(_) => {
+            Self::Unavailable(_) | Self::NotReady(_) => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
             Self::Shedding(_) => {

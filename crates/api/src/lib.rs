@@ -25,6 +25,8 @@
 //! - `jobs`: bulk replay jobs; `stats`: the daily rollup.
 //! - `openapi`: the OpenAPI document served at `/openapi.json`, generated
 //!   from the handlers' annotations; its route list is the router's.
+//! - `portal`: the customer portal at `/ui` (embedded static files) and
+//!   `POST /customers/{id}/portal-link`.
 //! - `signals`: the subscription monitor (shedding, disabling,
 //!   dead-lettering, configuration errors) and the `hookd.subscription.*`
 //!   system events that announce them.
@@ -46,6 +48,7 @@ mod jobs;
 pub mod limits;
 pub mod metrics;
 mod openapi;
+mod portal;
 mod rotation;
 mod signals;
 mod stats;
@@ -197,7 +200,7 @@ impl AppState {
     }
 }
 
-/// The API's routes. Every route except `/healthz` and `/openapi.json` needs
+/// The API's routes. Every route except `/healthz`, `/readyz` and `/openapi.json` needs
 /// a bearer token. The routes come from [`openapi::routes`], the one list
 /// the OpenAPI document is built from too.
 pub fn router(state: AppState) -> Router {
@@ -219,6 +222,42 @@ pub fn router(state: AppState) -> Router {
 )]
 async fn healthz() -> axum::Json<serde_json::Value> {
     axum::Json(serde_json::json!({ "status": "ok" }))
+}
+
+/// How long `/readyz` waits for the store before calling it not ready.
+const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `GET /readyz`: the store answers and its schema is the one this build
+/// migrates to. Needs no token. One read of the (few-row) migrations table,
+/// so a load balancer may poll it every second.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "meta",
+    responses(
+        (status = 200, description = "Ready: the store answers and its schema is current.", body = Object, example = json!({"status": "ready"})),
+        (status = 503, description = "Not ready: the store does not answer, or its schema is behind or ahead of this build; the message says which (`Retry-After`).", body = crate::error::Body),
+    ),
+)]
+async fn readyz(
+    axum::extract::State(state): axum::extract::State<AppState>,
+) -> Result<axum::Json<serde_json::Value>, ApiError> {
+    match tokio::time::timeout(READY_TIMEOUT, state.store().schema_status()).await {
+        Ok(Ok(hookd_store::SchemaStatus::Current)) => {
+            Ok(axum::Json(serde_json::json!({ "status": "ready" })))
+        }
+        Ok(Ok(schema)) => Err(ApiError::NotReady(schema.to_string())),
+        Ok(Err(e)) => {
+            // Debug only: a balancer polls this every second, and the
+            // dispatcher reports the same failure at warn.
+            tracing::debug!(error = %error::chain(&e), "not ready: the store failed");
+            Err(ApiError::NotReady("the store does not answer".into()))
+        }
+        Err(_) => Err(ApiError::NotReady(format!(
+            "the store does not answer (no reply within {} s)",
+            READY_TIMEOUT.as_secs()
+        ))),
+    }
 }
 
 /// Serves `router` on `listener` until `shutdown` is cancelled, then stops

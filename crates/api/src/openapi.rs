@@ -19,10 +19,11 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::{
-    AppState, deliveries, events, health, jobs, metrics, rotation, stats, subscriptions, tokens,
+    AppState, deliveries, events, health, jobs, metrics, portal, rotation, stats, subscriptions,
+    tokens,
 };
 
-/// The security scheme every route but `/healthz` and `/openapi.json` needs.
+/// The security scheme every route but `/healthz`, `/readyz` and `/openapi.json` needs.
 pub(crate) const BEARER: &str = "bearer";
 
 #[derive(OpenApi)]
@@ -58,6 +59,7 @@ impl Modify for BearerAuth {
 pub(crate) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(crate::healthz))
+        .routes(routes!(crate::readyz))
         .routes(routes!(openapi_json))
         .routes(routes!(metrics::metrics))
         .routes(routes!(subscriptions::list, subscriptions::create))
@@ -77,6 +79,10 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(events::get))
         .routes(routes!(deliveries::get))
         .routes(routes!(deliveries::replay))
+        .routes(routes!(portal::index))
+        .routes(routes!(portal::script))
+        .routes(routes!(portal::style))
+        .routes(routes!(portal::create_link))
 }
 
 /// The API's OpenAPI document.
@@ -126,7 +132,7 @@ pub(crate) enum ErrorCode {
     Shedding,
     /// 429: too many failed authentications from this address; see `Retry-After`.
     TooManyAuthFailures,
-    /// 503: the store is unavailable; retry shortly.
+    /// 503: the store is unavailable, or (`/readyz`) not ready; retry shortly.
     Unavailable,
     /// 500: a bug or an unexpected backend failure.
     Internal,
@@ -272,6 +278,7 @@ mod tests {
     /// added here too, which puts it in front of a reviewer.
     const EXPECTED: &[&str] = &[
         "GET /healthz",
+        "GET /readyz",
         "GET /openapi.json",
         "GET /metrics",
         "GET /subscriptions",
@@ -291,10 +298,21 @@ mod tests {
         "GET /events/{id}",
         "GET /deliveries/{id}",
         "POST /deliveries/{id}/replay",
+        "GET /ui",
+        "GET /ui/app.js",
+        "GET /ui/app.css",
+        "POST /customers/{id}/portal-link",
     ];
 
     /// The routes that need no token.
-    const PUBLIC: &[&str] = &["GET /healthz", "GET /openapi.json"];
+    const PUBLIC: &[&str] = &[
+        "GET /healthz",
+        "GET /readyz",
+        "GET /openapi.json",
+        "GET /ui",
+        "GET /ui/app.js",
+        "GET /ui/app.css",
+    ];
 
     /// The methods a route could be registered under.
     const METHODS: [&str; 5] = ["GET", "POST", "PUT", "PATCH", "DELETE"];
@@ -314,13 +332,15 @@ mod tests {
         out
     }
 
-    /// A router over a real (empty) store. No request below carries a token,
-    /// so none reaches the store.
+    /// A router over a real (empty, migrated) store. No request below
+    /// carries a token, so none reaches the store but `/readyz`'s check.
     async fn app() -> (axum::Router, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
         let store = hookd_store_sqlite::SqliteStore::connect(&dir.path().join("hookd.db"))
             .await
             .unwrap();
+        // Migrated, so `/readyz` is ready.
+        hookd_store::Store::migrate(&store).await.unwrap();
         let state = AppState::new(
             Arc::new(store),
             ApiConfig::new(DestinationPolicy::PublicOnly),
@@ -336,6 +356,7 @@ mod tests {
             Some("events") => hookd_domain::EventId::new().to_string(),
             Some("deliveries") => hookd_domain::DeliveryId::new().to_string(),
             Some("jobs") => hookd_domain::JobId::new().to_string(),
+            Some("customers") => "acme".to_owned(),
             other => panic!("no dummy id for {other:?}"),
         };
         path.replace("{id}", &id)
@@ -439,6 +460,43 @@ mod tests {
             }
         }
         assert!(seen > 10, "found only {seen} source files");
+    }
+
+    #[tokio::test]
+    async fn readyz_is_ready_on_a_migrated_store_and_503_on_one_that_is_not() {
+        let (app, _dir) = app().await;
+        let (status, body) = send(&app, "GET", "/readyz").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body, serde_json::json!({ "status": "ready" }));
+
+        // The binary serves only after migrating, but a database restored
+        // from before a migration looks like this one.
+        let dir = tempfile::tempdir().unwrap();
+        let store = hookd_store_sqlite::SqliteStore::connect(&dir.path().join("hookd.db"))
+            .await
+            .unwrap();
+        let app = router(AppState::new(
+            Arc::new(store),
+            ApiConfig::new(DestinationPolicy::PublicOnly),
+            Arc::new(Notify::new()),
+        ));
+        let req = Request::builder()
+            .uri("/readyz")
+            .body(Body::empty())
+            .unwrap();
+        let resp = app.oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(resp.headers()["retry-after"], "1");
+        let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let body: Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(body["error"]["code"], "unavailable");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("not ready: the database is not migrated"),
+            "{message}"
+        );
     }
 
     #[tokio::test]
@@ -554,6 +612,7 @@ mod tests {
             ApiError::Shedding(Vec::new()),
             ApiError::TooManyAuthFailures(std::time::Duration::from_secs(1)),
             ApiError::Unavailable(hookd_store::StoreError::Unavailable("x".into())),
+            ApiError::NotReady(String::new()),
             ApiError::Internal("x".into()),
         ];
         // Fails to compile when a variant is added, so it is added above.
@@ -570,6 +629,7 @@ mod tests {
                 | ApiError::Shedding(_)
                 | ApiError::TooManyAuthFailures(_)
                 | ApiError::Unavailable(_)
+                | ApiError::NotReady(_)
                 | ApiError::Internal(_) => {}
             }
         }

@@ -178,6 +178,18 @@ impl AppState {
         self.judge_backlogs(config, now).await?;
         self.disable_failing(config, now).await?;
         self.judge_outcomes(now).await?;
+        self.gauge_due_work().await?;
+        Ok(())
+    }
+
+    /// `hookd_deliveries_due` and `hookd_backlog_oldest_seconds`, refreshed
+    /// every round rather than at each scrape: the count grows with the
+    /// pending backlog, so its cost is bounded by the monitor's period, not
+    /// by how often `/metrics` is scraped.
+    async fn gauge_due_work(&self) -> Result<(), StoreError> {
+        let due = self.store().due_work().await?;
+        metrics::gauge!("hookd_deliveries_due").set(due.due as f64);
+        metrics::gauge!("hookd_backlog_oldest_seconds").set(due.oldest_overdue.as_secs_f64());
         Ok(())
     }
 
@@ -193,6 +205,7 @@ impl AppState {
             .into_iter()
             .map(|b| (b.sub_id, b.unfinished))
             .collect();
+        metrics::gauge!("hookd_deliveries_unfinished").set(backlogs.values().sum::<u64>() as f64);
         let raised: HashSet<SubscriptionId> = store
             .raised_signals(Some(SignalKind::Shedding))
             .await?

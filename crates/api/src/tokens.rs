@@ -34,12 +34,24 @@ pub async fn create_customer_token(
     customer_id: CustomerId,
     label: Option<String>,
 ) -> Result<String, hookd_store::StoreError> {
+    create_expiring_customer_token(store, customer_id, label, None).await
+}
+
+/// Like [`create_customer_token`], working only until `expires_at` when set
+/// (plus at most the API's 30 s token cache on a node that has seen it).
+pub async fn create_expiring_customer_token(
+    store: &dyn hookd_store::Store,
+    customer_id: CustomerId,
+    label: Option<String>,
+    expires_at: Option<chrono::DateTime<chrono::Utc>>,
+) -> Result<String, hookd_store::StoreError> {
     let token = generate_token();
     store
         .create_token(NewToken {
             token_hash: hash_token(&token).to_vec(),
             customer_id: Some(customer_id),
             label,
+            expires_at,
         })
         .await?;
     Ok(token)

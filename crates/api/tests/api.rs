@@ -43,6 +43,7 @@ async fn spawn_app() -> TestApp {
                 token_hash: hash_token(token).to_vec(),
                 customer_id: Some(CustomerId::parse(customer).unwrap()),
                 label: None,
+                expires_at: None,
             })
             .await
             .unwrap();

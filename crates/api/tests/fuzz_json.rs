@@ -50,6 +50,7 @@ static FIXTURE: LazyLock<Fixture> = LazyLock::new(|| {
                 token_hash: hash_token(CUSTOMER).to_vec(),
                 customer_id: Some(CustomerId::parse("acme").unwrap()),
                 label: None,
+                expires_at: None,
             })
             .await
             .unwrap();

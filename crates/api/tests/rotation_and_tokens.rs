@@ -38,6 +38,7 @@ async fn spawn_app() -> TestApp {
             token_hash: hash_token(ACME).to_vec(),
             customer_id: Some(CustomerId::parse("acme").unwrap()),
             label: None,
+            expires_at: None,
         })
         .await
         .unwrap();
