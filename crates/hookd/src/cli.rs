@@ -35,6 +35,14 @@ enum Command {
     /// (HOOKD_ENCRYPTION_KEY).
     #[command(subcommand)]
     Keys(crate::keys::KeysCommand),
+    /// Create, list, show, change and delete subscriptions (over the API).
+    Subscriptions(crate::manage::SubscriptionsArgs),
+    /// Post events (over the API).
+    Events(crate::manage::EventsArgs),
+    /// A subscription's deliveries: list, show one, replay one (over the API).
+    Deliveries(crate::manage::DeliveriesArgs),
+    /// A subscription's health: circuit, success rate, lag, backlog, signals.
+    Health(crate::manage::HealthArgs),
 }
 
 /// `hookd token …`.
@@ -187,6 +195,10 @@ impl Cli {
                 init_logging(LogFormat::Human);
                 crate::keys::run(command).await
             }
+            Command::Subscriptions(args) => crate::manage::subscriptions(args).await,
+            Command::Events(args) => crate::manage::events(args).await,
+            Command::Deliveries(args) => crate::manage::deliveries(args).await,
+            Command::Health(args) => crate::manage::health(args).await,
         }
     }
 }

@@ -7,11 +7,15 @@
 #![warn(missing_docs)]
 
 pub mod cli;
+mod client;
 pub mod keys;
 pub mod listen;
 pub mod maintenance;
+mod manage;
 mod replay;
 mod serve;
+pub mod timed_store;
 
 pub use maintenance::RetentionConfig;
 pub use serve::{App, AppConfig, open_store, open_store_with};
+pub use timed_store::TimedStore;

@@ -12,6 +12,8 @@ use anyhow::Context as _;
 use clap::Args;
 use serde::Deserialize;
 
+use crate::client::{Client, ServerArgs, segment};
+
 /// `hookd replay`'s arguments.
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
@@ -32,12 +34,12 @@ pub struct ReplayArgs {
     /// several); failed and dead if left out.
     #[arg(long = "status")]
     statuses: Vec<String>,
-    /// The hookd API.
-    #[arg(long, env = "HOOKD_URL", default_value = "http://127.0.0.1:8080")]
-    url: String,
+    /// The hookd API (`--url` is the older name).
+    #[arg(long, visible_alias = "url", env = "HOOKD_URL", default_value = crate::client::DEFAULT_SERVER)]
+    server: String,
     /// An admin token, or the subscription's customer's.
     #[arg(long, env = "HOOKD_TOKEN", hide_env_values = true)]
-    token: String,
+    token: Option<String>,
     /// How often to look at the job's progress.
     #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
     every: Duration,
@@ -54,34 +56,12 @@ struct Job {
     in_progress: u64,
 }
 
-/// The API's error body.
-#[derive(Debug, Deserialize)]
-struct ErrorBody {
-    error: ErrorDetail,
-}
-
-#[derive(Debug, Deserialize)]
-struct ErrorDetail {
-    code: String,
-    message: String,
-}
-
-async fn answer(resp: reqwest::Response) -> anyhow::Result<Job> {
-    let status = resp.status();
-    if status.is_success() {
-        return resp.json().await.context("reading the job from the API");
-    }
-    let text = resp.text().await.unwrap_or_default();
-    match serde_json::from_str::<ErrorBody>(&text) {
-        Ok(b) => anyhow::bail!("{status}: {} ({})", b.error.message, b.error.code),
-        Err(_) => anyhow::bail!("{status}: {text}"),
-    }
-}
-
 /// Runs `hookd replay`.
 pub async fn run(args: ReplayArgs) -> anyhow::Result<()> {
-    let base = args.url.trim_end_matches('/');
-    let client = reqwest::Client::new();
+    let client = Client::new(&ServerArgs {
+        server: args.server.clone(),
+        token: args.token.clone(),
+    })?;
     let mut body = serde_json::json!({ "since": args.since });
     if let Some(until) = &args.until {
         body["until"] = until.clone().into();
@@ -92,14 +72,12 @@ pub async fn run(args: ReplayArgs) -> anyhow::Result<()> {
     if !args.statuses.is_empty() {
         body["statuses"] = args.statuses.clone().into();
     }
-    let resp = client
-        .post(format!("{base}/subscriptions/{}/replay", args.subscription))
-        .bearer_auth(&args.token)
-        .json(&body)
-        .send()
+    let path = format!("/subscriptions/{}/replay", segment(&args.subscription));
+    let mut job: Job = client
+        .post(&path, &body)
         .await
-        .with_context(|| format!("reaching the hookd API at {base}"))?;
-    let mut job = answer(resp).await.context("starting the replay job")?;
+        .and_then(|a| a.json())
+        .context("starting the replay job")?;
     eprintln!(
         "replay job {} started: {} deliveries (interrupting this command leaves it running)",
         job.job_id, job.total
@@ -121,13 +99,11 @@ pub async fn run(args: ReplayArgs) -> anyhow::Result<()> {
             break;
         }
         tokio::time::sleep(args.every).await;
-        let resp = client
-            .get(format!("{base}/jobs/{}", job.job_id))
-            .bearer_auth(&args.token)
-            .send()
+        job = client
+            .get(&format!("/jobs/{}", segment(&job.job_id)), &[])
             .await
+            .and_then(|a| a.json())
             .context("reading the job's progress")?;
-        job = answer(resp).await.context("reading the job's progress")?;
     }
     bar.finish();
     println!(

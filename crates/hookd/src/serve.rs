@@ -152,10 +152,18 @@ fn prometheus() -> Option<PrometheusHandle> {
                 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
             ];
             let batch = [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0];
+            // Store calls are often well under a millisecond.
+            let store = [
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+            ];
             PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &seconds)
                 .and_then(|b| {
                     b.set_buckets_for_metric(Matcher::Full("hookd_claim_batch_size".into()), &batch)
+                })
+                .and_then(|b| {
+                    // A full name wins over the suffix.
+                    b.set_buckets_for_metric(Matcher::Full("hookd_store_seconds".into()), &store)
                 })
                 .ok()?
                 .install_recorder()
@@ -219,10 +227,14 @@ impl App {
     /// Opens and migrates the store and builds every component. Nothing runs
     /// until [`App::run`].
     pub async fn build(config: AppConfig, listener: TcpListener) -> anyhow::Result<Self> {
+        // Installed first, so the store's timings have somewhere to go.
+        let prometheus = prometheus();
         let store = match &config.keyring {
             Some(keyring) => open_store_with(&config.database, keyring.clone()).await?,
             None => open_store(&config.database).await?,
         };
+        // Every component below sees the store through the timer.
+        let store: Arc<dyn Store> = Arc::new(crate::TimedStore::new(store));
         store
             .migrate()
             .await
@@ -242,6 +254,7 @@ impl App {
                         token_hash: sha256(&token).to_vec(),
                         customer_id: None,
                         label: Some("generated at first start".into()),
+                        expires_at: None,
                     };
                     store
                         .create_token(new)
@@ -268,7 +281,7 @@ impl App {
         let dispatcher =
             Dispatcher::new(store.clone(), dispatch_config, Arc::new(SystemClock), wake)
                 .context("building the dispatcher")?;
-        if let Some(handle) = prometheus() {
+        if let Some(handle) = prometheus {
             state.set_metrics(render_metrics(handle, &dispatcher));
         }
         state.set_destination_state(destination_state(&dispatcher));

@@ -7,6 +7,7 @@ mod private_pg;
 
 mod announcements;
 mod attempts;
+mod cli;
 mod crash;
 mod crash_points;
 mod delivery;
@@ -17,6 +18,7 @@ mod history;
 mod isolation;
 mod jobs;
 mod keys;
+mod observability;
 mod pg_faults;
 mod process;
 mod rotation;

@@ -35,7 +35,10 @@ fn an_hour_ago() -> String {
 /// Every documented route, classified. Panics on one it does not know.
 fn classify(method: &str, path: &str) -> Check {
     match (method, path) {
-        ("GET", "/healthz" | "/openapi.json") => Check::Public,
+        ("GET", "/healthz" | "/readyz" | "/openapi.json") => Check::Public,
+        // The portal's static page and files: no data, the page asks for a token.
+        ("GET", "/ui" | "/ui/app.js" | "/ui/app.css") => Check::Public,
+        ("POST", "/customers/{id}/portal-link") => Check::AdminOnly(None),
         ("GET", "/metrics") => Check::AdminOnly(None),
         ("POST", "/tokens") => Check::AdminOnly(Some(json!({ "customer_id": "acme" }))),
         ("GET", "/subscriptions") => Check::ListSubscriptions,
