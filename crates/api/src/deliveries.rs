@@ -129,10 +129,8 @@ fn parse_time(s: &str) -> Result<Timestamp, String> {
     responses(
         (status = 200, description = "A page of the subscription's deliveries.", body = Page),
         (status = 400, description = "Malformed request: bad JSON, a wrong type, a missing or unknown field or query parameter.", body = crate::error::Body),
-        (status = 401, description = "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).", body = crate::error::Body),
+        crate::error::CommonErrors,
         (status = 404, description = "No such subscription, or not the caller's (also a malformed id).", body = crate::error::Body),
-        (status = 500, description = "Internal error.", body = crate::error::Body),
-        (status = 503, description = "The store is unavailable; retry shortly (`Retry-After`).", body = crate::error::Body),
     ),
     security(("bearer" = [])),
 )]
@@ -189,10 +187,8 @@ pub(crate) async fn list_for_subscription(
     ),
     responses(
         (status = 200, description = "The delivery and its attempts, oldest first.", body = DeliveryView),
-        (status = 401, description = "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).", body = crate::error::Body),
+        crate::error::CommonErrors,
         (status = 404, description = "No such delivery, or not the caller's (also a malformed id).", body = crate::error::Body),
-        (status = 500, description = "Internal error.", body = crate::error::Body),
-        (status = 503, description = "The store is unavailable; retry shortly (`Retry-After`).", body = crate::error::Body),
     ),
     security(("bearer" = [])),
 )]
@@ -218,11 +214,9 @@ pub(crate) async fn get(
     ),
     responses(
         (status = 202, description = "Queued again (or left as it was, if pending or in flight).", body = DeliveryView),
-        (status = 401, description = "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).", body = crate::error::Body),
+        crate::error::CommonErrors,
         (status = 404, description = "No such delivery, or not the caller's (also a malformed id).", body = crate::error::Body),
         (status = 409, description = "The record's state forbids it.", body = crate::error::Body),
-        (status = 500, description = "Internal error.", body = crate::error::Body),
-        (status = 503, description = "The store is unavailable; retry shortly (`Retry-After`).", body = crate::error::Body),
     ),
     security(("bearer" = [])),
 )]

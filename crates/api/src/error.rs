@@ -128,6 +128,22 @@ fn retry_after_secs(wait: std::time::Duration) -> u64 {
     secs.max(1)
 }
 
+/// The failures every route that needs a token can answer, documented once
+/// for all of them (`responses(crate::error::CommonErrors, …)`).
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // Describes responses in the OpenAPI document; never built.
+pub(crate) enum CommonErrors {
+    /// No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).
+    #[response(status = 401)]
+    Unauthorized(Body<'static>),
+    /// Internal error.
+    #[response(status = 500)]
+    Internal(Body<'static>),
+    /// The store is unavailable; retry shortly (`Retry-After`).
+    #[response(status = 503)]
+    Unavailable(Body<'static>),
+}
+
 /// The body of every error answer.
 #[derive(Serialize, utoipa::ToSchema)]
 #[schema(as = ErrorBody)]

@@ -78,12 +78,10 @@ pub(crate) struct EventView {
     responses(
         (status = 202, description = "Committed with all its deliveries: the event will be delivered. A repeated idempotency key answers the first event's id.", body = AcceptedView),
         (status = 400, description = "Malformed request: bad JSON, a wrong type, a missing or unknown field or query parameter.", body = crate::error::Body),
-        (status = 401, description = "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).", body = crate::error::Body),
+        crate::error::CommonErrors,
         (status = 413, description = "The body is over the limit.", body = crate::error::Body),
         (status = 415, description = "The body is not declared as JSON.", body = crate::error::Body),
         (status = 422, description = "A value is refused; the message names the field.", body = crate::error::Body),
-        (status = 500, description = "Internal error.", body = crate::error::Body),
-        (status = 503, description = "The store is unavailable; retry shortly (`Retry-After`).", body = crate::error::Body),
         (status = 429, description = "Refused, nothing written: it would fan out to a subscription whose backlog is stuck over the shedding threshold.", body = crate::error::Body, headers(("Retry-After" = u32, description = "Seconds to wait before retrying."))),
     ),
     security(("bearer" = [])),
@@ -185,10 +183,8 @@ pub(crate) async fn create(
     ),
     responses(
         (status = 200, description = "The event, its payload as sent, and its deliveries.", body = EventView),
-        (status = 401, description = "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).", body = crate::error::Body),
+        crate::error::CommonErrors,
         (status = 404, description = "No such event, or not the caller's (also a malformed id).", body = crate::error::Body),
-        (status = 500, description = "Internal error.", body = crate::error::Body),
-        (status = 503, description = "The store is unavailable; retry shortly (`Retry-After`).", body = crate::error::Body),
     ),
     security(("bearer" = [])),
 )]

@@ -103,10 +103,8 @@ pub(crate) struct SignalView {
     ),
     responses(
         (status = 200, description = "The subscription's health.", body = HealthView),
-        (status = 401, description = "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).", body = crate::error::Body),
+        crate::error::CommonErrors,
         (status = 404, description = "No such subscription, or not the caller's (also a malformed id).", body = crate::error::Body),
-        (status = 500, description = "Internal error.", body = crate::error::Body),
-        (status = 503, description = "The store is unavailable; retry shortly (`Retry-After`).", body = crate::error::Body),
     ),
     security(("bearer" = [])),
 )]

@@ -139,13 +139,11 @@ fn parse_statuses(statuses: Option<Vec<String>>) -> Result<Vec<DeliveryState>, A
     responses(
         (status = 202, description = "The job, started.", body = JobView),
         (status = 400, description = "Malformed request: bad JSON, a wrong type, a missing or unknown field or query parameter.", body = crate::error::Body),
-        (status = 401, description = "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).", body = crate::error::Body),
+        crate::error::CommonErrors,
         (status = 404, description = "No such subscription, or not the caller's (also a malformed id).", body = crate::error::Body),
         (status = 413, description = "The body is over the limit.", body = crate::error::Body),
         (status = 415, description = "The body is not declared as JSON.", body = crate::error::Body),
         (status = 422, description = "A value is refused; the message names the field.", body = crate::error::Body),
-        (status = 500, description = "Internal error.", body = crate::error::Body),
-        (status = 503, description = "The store is unavailable; retry shortly (`Retry-After`).", body = crate::error::Body),
     ),
     security(("bearer" = [])),
 )]
@@ -227,10 +225,8 @@ async fn visible_job(state: &AppState, caller: &Caller, id: &JobId) -> Result<Re
     ),
     responses(
         (status = 200, description = "The job and its progress.", body = JobView),
-        (status = 401, description = "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).", body = crate::error::Body),
+        crate::error::CommonErrors,
         (status = 404, description = "No such job, or not the caller's (also a malformed id).", body = crate::error::Body),
-        (status = 500, description = "Internal error.", body = crate::error::Body),
-        (status = 503, description = "The store is unavailable; retry shortly (`Retry-After`).", body = crate::error::Body),
     ),
     security(("bearer" = [])),
 )]
@@ -254,10 +250,8 @@ pub(crate) async fn get(
     ),
     responses(
         (status = 200, description = "The job after cancelling (unchanged if it had ended).", body = JobView),
-        (status = 401, description = "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).", body = crate::error::Body),
+        crate::error::CommonErrors,
         (status = 404, description = "No such job, or not the caller's (also a malformed id).", body = crate::error::Body),
-        (status = 500, description = "Internal error.", body = crate::error::Body),
-        (status = 503, description = "The store is unavailable; retry shortly (`Retry-After`).", body = crate::error::Body),
     ),
     security(("bearer" = [])),
 )]

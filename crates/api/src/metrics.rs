@@ -24,10 +24,8 @@ pub type RenderMetrics = Arc<dyn Fn() -> String + Send + Sync>;
     tag = "meta",
     responses(
         (status = 200, description = "Prometheus text exposition.", body = String, content_type = "text/plain; version=0.0.4"),
-        (status = 401, description = "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).", body = crate::error::Body),
+        crate::error::CommonErrors,
         (status = 404, description = "The caller is a customer token, or this process records no metrics.", body = crate::error::Body),
-        (status = 500, description = "Internal error.", body = crate::error::Body),
-        (status = 503, description = "The store is unavailable; retry shortly (`Retry-After`).", body = crate::error::Body),
     ),
     security(("bearer" = [])),
 )]

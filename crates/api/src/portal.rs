@@ -148,11 +148,9 @@ fn origin(headers: &HeaderMap) -> String {
     ),
     responses(
         (status = 201, description = "A URL that opens the portal signed in as this customer (its token is in the fragment, shown this once).", body = PortalLink),
-        (status = 401, description = "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).", body = crate::error::Body),
+        crate::error::CommonErrors,
         (status = 404, description = "The caller is a customer token: only an admin makes portal links.", body = crate::error::Body),
         (status = 422, description = "The customer id is refused.", body = crate::error::Body),
-        (status = 500, description = "Internal error.", body = crate::error::Body),
-        (status = 503, description = "The store is unavailable; retry shortly (`Retry-After`).", body = crate::error::Body),
     ),
     security(("bearer" = [])),
 )]

@@ -114,13 +114,11 @@ static ROTATIONS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     responses(
         (status = 200, description = "The new secret, shown this once; the previous one signs until `previous_expires_at`.", body = Rotated),
         (status = 400, description = "Malformed request: bad JSON, a wrong type, a missing or unknown field or query parameter.", body = crate::error::Body),
-        (status = 401, description = "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).", body = crate::error::Body),
+        crate::error::CommonErrors,
         (status = 404, description = "No such subscription, or not the caller's (also a malformed id).", body = crate::error::Body),
         (status = 413, description = "The body is over the limit.", body = crate::error::Body),
         (status = 415, description = "The body is not declared as JSON.", body = crate::error::Body),
         (status = 422, description = "A value is refused; the message names the field.", body = crate::error::Body),
-        (status = 500, description = "Internal error.", body = crate::error::Body),
-        (status = 503, description = "The store is unavailable; retry shortly (`Retry-After`).", body = crate::error::Body),
     ),
     security(("bearer" = [])),
 )]

@@ -98,10 +98,8 @@ fn days(first: chrono::NaiveDate, last: chrono::NaiveDate, rows: Vec<DailyStats>
     responses(
         (status = 200, description = "The daily rollup, oldest day first.", body = StatsView),
         (status = 400, description = "Malformed request: bad JSON, a wrong type, a missing or unknown field or query parameter.", body = crate::error::Body),
-        (status = 401, description = "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).", body = crate::error::Body),
+        crate::error::CommonErrors,
         (status = 404, description = "No such subscription, or not the caller's (also a malformed id).", body = crate::error::Body),
-        (status = 500, description = "Internal error.", body = crate::error::Body),
-        (status = 503, description = "The store is unavailable; retry shortly (`Retry-After`).", body = crate::error::Body),
     ),
     security(("bearer" = [])),
 )]

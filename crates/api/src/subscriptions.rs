@@ -273,12 +273,10 @@ pub(crate) async fn visible(
     responses(
         (status = 201, description = "Created; the signing secret is shown this once.", body = CreatedView),
         (status = 400, description = "Malformed request: bad JSON, a wrong type, a missing or unknown field or query parameter.", body = crate::error::Body),
-        (status = 401, description = "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).", body = crate::error::Body),
+        crate::error::CommonErrors,
         (status = 413, description = "The body is over the limit.", body = crate::error::Body),
         (status = 415, description = "The body is not declared as JSON.", body = crate::error::Body),
         (status = 422, description = "A value is refused; the message names the field.", body = crate::error::Body),
-        (status = 500, description = "Internal error.", body = crate::error::Body),
-        (status = 503, description = "The store is unavailable; retry shortly (`Retry-After`).", body = crate::error::Body),
     ),
     security(("bearer" = [])),
 )]
@@ -340,9 +338,7 @@ pub(crate) async fn create(
     responses(
         (status = 200, description = "A page of subscriptions, oldest first.", body = Page),
         (status = 400, description = "Malformed request: bad JSON, a wrong type, a missing or unknown field or query parameter.", body = crate::error::Body),
-        (status = 401, description = "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).", body = crate::error::Body),
-        (status = 500, description = "Internal error.", body = crate::error::Body),
-        (status = 503, description = "The store is unavailable; retry shortly (`Retry-After`).", body = crate::error::Body),
+        crate::error::CommonErrors,
     ),
     security(("bearer" = [])),
 )]
@@ -397,10 +393,8 @@ pub(crate) async fn list(
     ),
     responses(
         (status = 200, description = "The subscription.", body = SubscriptionView),
-        (status = 401, description = "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).", body = crate::error::Body),
+        crate::error::CommonErrors,
         (status = 404, description = "No such subscription, or not the caller's (also a malformed id).", body = crate::error::Body),
-        (status = 500, description = "Internal error.", body = crate::error::Body),
-        (status = 503, description = "The store is unavailable; retry shortly (`Retry-After`).", body = crate::error::Body),
     ),
     security(("bearer" = [])),
 )]
@@ -425,13 +419,11 @@ pub(crate) async fn get(
     responses(
         (status = 200, description = "The subscription after the change (unchanged if the body changes nothing).", body = SubscriptionView),
         (status = 400, description = "Malformed request: bad JSON, a wrong type, a missing or unknown field or query parameter.", body = crate::error::Body),
-        (status = 401, description = "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).", body = crate::error::Body),
+        crate::error::CommonErrors,
         (status = 404, description = "No such subscription, or not the caller's (also a malformed id).", body = crate::error::Body),
         (status = 413, description = "The body is over the limit.", body = crate::error::Body),
         (status = 415, description = "The body is not declared as JSON.", body = crate::error::Body),
         (status = 422, description = "A value is refused; the message names the field.", body = crate::error::Body),
-        (status = 500, description = "Internal error.", body = crate::error::Body),
-        (status = 503, description = "The store is unavailable; retry shortly (`Retry-After`).", body = crate::error::Body),
     ),
     security(("bearer" = [])),
 )]
@@ -524,10 +516,8 @@ pub(crate) async fn write(
     ),
     responses(
         (status = 204, description = "Deleted."),
-        (status = 401, description = "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).", body = crate::error::Body),
+        crate::error::CommonErrors,
         (status = 404, description = "No such subscription, or not the caller's (also a malformed id).", body = crate::error::Body),
-        (status = 500, description = "Internal error.", body = crate::error::Body),
-        (status = 503, description = "The store is unavailable; retry shortly (`Retry-After`).", body = crate::error::Body),
     ),
     security(("bearer" = [])),
 )]

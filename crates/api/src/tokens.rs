@@ -83,13 +83,11 @@ struct Created {
     responses(
         (status = 201, description = "The token, shown this once.", body = Created),
         (status = 400, description = "Malformed request: bad JSON, a wrong type, a missing or unknown field or query parameter.", body = crate::error::Body),
-        (status = 401, description = "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`).", body = crate::error::Body),
+        crate::error::CommonErrors,
         (status = 404, description = "The caller is a customer token: only an admin makes tokens.", body = crate::error::Body),
         (status = 413, description = "The body is over the limit.", body = crate::error::Body),
         (status = 415, description = "The body is not declared as JSON.", body = crate::error::Body),
         (status = 422, description = "A value is refused; the message names the field.", body = crate::error::Body),
-        (status = 500, description = "Internal error.", body = crate::error::Body),
-        (status = 503, description = "The store is unavailable; retry shortly (`Retry-After`).", body = crate::error::Body),
     ),
     security(("bearer" = [])),
 )]
