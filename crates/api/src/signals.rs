@@ -175,9 +175,21 @@ impl AppState {
     /// One monitor round (for tests, which drive rounds themselves).
     pub async fn monitor_round(&self, config: &MonitorConfig) -> Result<(), StoreError> {
         let now = chrono::Utc::now();
-        self.judge_backlogs(config, now).await?;
+        // One read of every raised signal serves the whole round.
+        let raised = self.store().raised_signals(None).await?;
+        let of_kind = |kind| -> HashSet<SubscriptionId> {
+            raised
+                .iter()
+                .filter(|s| s.kind == kind)
+                .map(|s| s.sub_id)
+                .collect()
+        };
+        self.judge_backlogs(config, now, of_kind(SignalKind::Shedding))
+            .await?;
         self.disable_failing(config, now).await?;
-        self.judge_outcomes(now).await?;
+        let mut outcomes = of_kind(SignalKind::DeadLettering);
+        outcomes.extend(of_kind(SignalKind::ConfigurationError));
+        self.judge_outcomes(now, outcomes).await?;
         self.gauge_due_work().await?;
         Ok(())
     }
@@ -193,10 +205,14 @@ impl AppState {
         Ok(())
     }
 
+    /// Judges every backlog; `raised` are the subscriptions shedding as the
+    /// round began. Leaves ingest's set as this round decided it (another
+    /// node's verdict reaches it next round).
     async fn judge_backlogs(
         &self,
         config: &MonitorConfig,
         now: chrono::DateTime<chrono::Utc>,
+        raised: HashSet<SubscriptionId>,
     ) -> Result<(), StoreError> {
         let store = self.store();
         let backlogs: HashMap<SubscriptionId, u64> = store
@@ -206,12 +222,6 @@ impl AppState {
             .map(|b| (b.sub_id, b.unfinished))
             .collect();
         metrics::gauge!("hookd_deliveries_unfinished").set(backlogs.values().sum::<u64>() as f64);
-        let raised: HashSet<SubscriptionId> = store
-            .raised_signals(Some(SignalKind::Shedding))
-            .await?
-            .into_iter()
-            .map(|s| s.sub_id)
-            .collect();
         let cfg = &config.shedding;
         let mut verdicts = Vec::new();
         {
@@ -234,6 +244,7 @@ impl AppState {
         }
         verdicts.sort_by_key(|v| v.0);
         verdicts.dedup_by_key(|v| v.0);
+        let mut now_shedding = raised.clone();
         for (id, shed, judged, unfinished) in verdicts {
             if shed && !raised.contains(&id) {
                 let Ok(sub) = self.store().get_subscription(&id).await else {
@@ -244,18 +255,16 @@ impl AppState {
                     cfg.threshold,
                     cfg.window.num_seconds()
                 );
+                // Raised now, or by another node a moment ago: either way
+                // it is raised.
                 self.announce(&sub, SignalKind::Shedding, &detail).await?;
+                now_shedding.insert(id);
             } else if !shed && judged && raised.contains(&id) {
                 store.lower_signal(&id, SignalKind::Shedding).await?;
+                now_shedding.remove(&id);
                 tracing::info!(sub_id = %id, unfinished, "shedding stopped: the backlog shrank");
             }
         }
-        let now_shedding: HashSet<SubscriptionId> = store
-            .raised_signals(Some(SignalKind::Shedding))
-            .await?
-            .into_iter()
-            .map(|s| s.sub_id)
-            .collect();
         *self
             .inner
             .signals
@@ -287,7 +296,14 @@ impl AppState {
         Ok(())
     }
 
-    async fn judge_outcomes(&self, now: chrono::DateTime<chrono::Utc>) -> Result<(), StoreError> {
+    /// Re-judges dead-lettering and configuration errors for the
+    /// subscriptions touched since the last round and those with either
+    /// signal raised (`raised`), which may need lowering.
+    async fn judge_outcomes(
+        &self,
+        now: chrono::DateTime<chrono::Utc>,
+        raised: HashSet<SubscriptionId>,
+    ) -> Result<(), StoreError> {
         let store = self.store();
         let mut candidates: HashSet<SubscriptionId> = std::mem::take(
             &mut *self
@@ -297,15 +313,7 @@ impl AppState {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner()),
         );
-        for kind in [SignalKind::DeadLettering, SignalKind::ConfigurationError] {
-            candidates.extend(
-                store
-                    .raised_signals(Some(kind))
-                    .await?
-                    .into_iter()
-                    .map(|s| s.sub_id),
-            );
-        }
+        candidates.extend(raised);
         for id in candidates {
             let sub = match store.get_subscription(&id).await {
                 Ok(sub) => sub,

@@ -7,21 +7,9 @@ use serde_json::Value;
 
 use crate::helpers::*;
 
-/// Runs the `hookd` binary with `args` against `app`, as its admin.
-async fn hookd(app: &TestApp, args: &[&str]) -> std::process::Output {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_hookd"));
-    cmd.args(args)
-        .args(["--server", &app.url("")])
-        .env("HOOKD_TOKEN", &app.token)
-        .env_remove("HOOKD_URL");
-    tokio::task::spawn_blocking(move || cmd.output().unwrap())
-        .await
-        .unwrap()
-}
-
 /// Runs `hookd args…`, requires success, and returns its standard output.
 async fn ok(app: &TestApp, args: &[&str]) -> String {
-    let out = hookd(app, args).await;
+    let out = app.cli(args).await;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
@@ -175,7 +163,7 @@ async fn cli_walkthrough_create_send_inspect_replay_update_delete() {
     assert!(out.contains("deleted subscription"), "{out}");
 
     // It is gone: the API's message, and a failing exit.
-    let out = hookd(&app, &["subscriptions", "show", &sub]).await;
+    let out = app.cli(&["subscriptions", "show", &sub]).await;
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("subscription not found"), "{stderr}");
@@ -270,7 +258,7 @@ async fn cli_json_is_the_apis_json_and_errors_exit_nonzero_with_its_message() {
         vec!["deliveries", "list", "--subscription", unknown],
         vec!["subscriptions", "delete", unknown],
     ] {
-        let out = hookd(&app, &args).await;
+        let out = app.cli(&args).await;
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?}");
         assert!(
@@ -279,27 +267,23 @@ async fn cli_json_is_the_apis_json_and_errors_exit_nonzero_with_its_message() {
         );
         assert!(out.stdout.is_empty(), "{args:?}");
     }
-    let out = hookd(
-        &app,
-        &[
+    let out = app
+        .cli(&[
             "subscriptions",
             "create",
             "--url",
             "ftp://x",
             "--event-type",
             "a.b",
-        ],
-    )
-    .await;
+        ])
+        .await;
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("url"), "{stderr}");
     assert!(stderr.contains("validation_failed"), "{stderr}");
-    let out = hookd(
-        &app,
-        &["events", "send", "--type", "a.b", "--data", "{nope"],
-    )
-    .await;
+    let out = app
+        .cli(&["events", "send", "--type", "a.b", "--data", "{nope"])
+        .await;
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--data is not valid JSON"));
 
@@ -307,9 +291,7 @@ async fn cli_json_is_the_apis_json_and_errors_exit_nonzero_with_its_message() {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_hookd"));
     cmd.args(["subscriptions", "list", "--server", &app.url("")])
         .env_remove("HOOKD_TOKEN");
-    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
-        .await
-        .unwrap();
+    let out = run(cmd).await;
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("HOOKD_TOKEN"));
     app.stop().await;

@@ -181,7 +181,26 @@ pub async fn spawn_app_full(
     }
 }
 
+/// Runs `cmd` to completion off the async runtime (the child blocks until
+/// it exits), for tests that run the real `hookd` binary.
+pub async fn run(mut cmd: std::process::Command) -> std::process::Output {
+    tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap()
+}
+
 impl TestApp {
+    /// Runs the real `hookd` binary with `args`, talking to this app as its
+    /// admin through `--server`.
+    pub async fn cli(&self, args: &[&str]) -> std::process::Output {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_hookd"));
+        cmd.args(args)
+            .args(["--server", &self.url("")])
+            .env("HOOKD_TOKEN", &self.token)
+            .env_remove("HOOKD_URL");
+        run(cmd).await
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
     }

@@ -405,17 +405,15 @@ async fn bad_replay_requests_are_refused_naming_the_field() {
     app.stop().await;
 }
 
-/// Runs the real `hookd replay` against `app` (off the async runtime: it
-/// blocks until the job ends).
+/// Runs the real `hookd replay` against `app`, through `--url` (the
+/// command's older name for `--server`, kept working).
 async fn hookd_replay(app: &TestApp, args: &[&str]) -> std::process::Output {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_hookd"));
     cmd.arg("replay")
         .args(args)
         .args(["--url", &app.url("")])
         .env("HOOKD_TOKEN", &app.token);
-    tokio::task::spawn_blocking(move || cmd.output().unwrap())
-        .await
-        .unwrap()
+    run(cmd).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,7 +2,7 @@
 //! `hookd keys generate`, `hookd keys rotate`, the SQLite key file, and the
 //! errors an operator sees.
 
-use std::process::{Command, Output};
+use std::process::Command;
 
 use base64::Engine as _;
 use hookd_store::StoreError;
@@ -25,13 +25,6 @@ fn hookd(dir: &std::path::Path) -> Command {
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// Runs off the async runtime (the child blocks until it exits).
-async fn output(mut cmd: Command) -> Output {
-    tokio::task::spawn_blocking(move || cmd.output().unwrap())
-        .await
-        .unwrap()
 }
 
 #[test]
@@ -146,14 +139,14 @@ async fn keys_rotate_reseals_every_secret_under_the_new_key(backend: Backend) {
             .env("HOOKD_ENCRYPTION_KEY_PREVIOUS", TEST_ENCRYPTION_KEY);
         cmd
     };
-    let out = output(rotate()).await;
+    let out = run(rotate()).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     assert!(
         stdout.contains("re-sealed the secrets of 3 subscriptions") && stdout.contains(new.id()),
         "{stdout}"
     );
-    let again = output(rotate()).await;
+    let again = run(rotate()).await;
     assert!(again.status.success(), "{}", text(&again.stderr));
     assert!(
         text(&again.stdout).contains("of 0 subscriptions"),
