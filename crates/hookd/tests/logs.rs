@@ -215,13 +215,30 @@ async fn no_secret_or_token_in_any_log_output_nor_in_the_database() {
     // bytes and all (main file, WAL and shared memory).
     let db_path = database.strip_prefix("sqlite:").unwrap();
     let dir = std::path::Path::new(db_path).parent().unwrap();
-    let mut raw = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        if ["hookd.db", "hookd.db-wal", "hookd.db-shm"].contains(&name.as_str()) {
-            raw.extend(std::fs::read(&path).unwrap());
+    // SQLite deletes the WAL and shared-memory files when the last
+    // connection closes, which may happen while they are being read: a file
+    // that vanished mid-read means its pages went into the main file, so the
+    // whole set is read again until one read sees a consistent set.
+    let read_all = || -> std::io::Result<Vec<u8>> {
+        let mut raw = Vec::new();
+        for name in ["hookd.db", "hookd.db-wal", "hookd.db-shm"] {
+            match std::fs::read(dir.join(name)) {
+                Ok(bytes) => raw.extend(bytes),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && name != "hookd.db" => {
+                    // Absent from the start is fine; re-check below.
+                }
+                Err(e) => return Err(e),
+            }
         }
+        Ok(raw)
+    };
+    let mut raw = read_all().unwrap();
+    for _ in 0..10 {
+        let again = read_all().unwrap();
+        if again == raw {
+            break;
+        }
+        raw = again;
     }
     assert!(!raw.is_empty());
     let contains = |needle: &[u8]| raw.windows(needle.len()).any(|w| w == needle);
