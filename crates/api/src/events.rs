@@ -1,9 +1,12 @@
 //! `/events`: ingest (the outbox's front door) and reading an event back.
 //!
-//! Ingest answers `202` only after [`Store::accept_event`] has committed the
+//! Ingest answers `202` only after [`Store::accept_events`] has committed the
 //! event and all its deliveries in one transaction: the status is the
-//! promise that the event will be delivered (design §3, §7).
+//! promise that the event will be delivered (design §3, §7). Concurrent
+//! ingests share that transaction (the group committer, `committer.rs`);
+//! each still gets its own result, as from [`Store::accept_event`].
 //!
+//! [`Store::accept_events`]: hookd_store::Store::accept_events
 //! [`Store::accept_event`]: hookd_store::Store::accept_event
 
 use axum::Json;
@@ -151,7 +154,13 @@ pub(crate) async fn create(
         idempotency_key: req.idempotency_key,
         customer_id,
     };
-    let accepted = state.store().accept_event(event, deliveries).await?;
+    // With whatever other events are being posted: one transaction for all
+    // of them, and this answer only after it committed.
+    let accepted = state
+        .inner
+        .committer
+        .accept(&state.inner.store, event, deliveries)
+        .await?;
     fail::fail_point!("ingest.after_commit");
     if accepted.duplicate {
         metrics::counter!("hookd_events_duplicate_total").increment(1);

@@ -1,9 +1,10 @@
 //! hookd's HTTP API: the front door of the outbox.
 //!
 //! `POST /events` validates an event, matches it against the cached fan-out
-//! index, and hands the event and its deliveries to [`Store::accept_event`]
-//! in one transaction; it answers `202` only after that commit, then wakes the
-//! dispatcher. The other routes manage subscriptions and read events and
+//! index, and hands the event and its deliveries to the group committer,
+//! which accepts concurrent events together in one transaction
+//! ([`Store::accept_events`]); it answers `202` only after that commit, then
+//! wakes the dispatcher. The other routes manage subscriptions and read events and
 //! deliveries.
 //!
 //! # Layout
@@ -27,6 +28,7 @@
 //!   from the handlers' annotations; its route list is the router's.
 //! - `portal`: the customer portal at `/ui` (embedded static files) and
 //!   `POST /customers/{id}/portal-link`.
+//! - `committer`: the group committer behind `POST /events`.
 //! - `signals`: the subscription monitor (shedding, disabling,
 //!   dead-lettering, configuration errors) and the `hookd.subscription.*`
 //!   system events that announce them.
@@ -38,6 +40,7 @@
 #![warn(missing_docs)]
 
 mod auth;
+mod committer;
 mod deliveries;
 mod error;
 mod events;
@@ -132,6 +135,8 @@ struct Inner {
     /// binary has installed the lookup.
     destination_state: health::DestinationStateSlot,
     signals: signals::Signals,
+    /// Groups concurrent ingests into one store transaction.
+    committer: committer::Committer,
 }
 
 impl AppState {
@@ -149,6 +154,7 @@ impl AppState {
                 metrics: metrics::MetricsSlot::default(),
                 destination_state: health::DestinationStateSlot::default(),
                 signals: signals::Signals::default(),
+                committer: committer::Committer::default(),
             }),
         }
     }

@@ -666,6 +666,82 @@ async fn a_repeated_idempotency_key_returns_the_same_event_and_no_new_deliveries
     app.stop().await;
 }
 
+/// Concurrent posts are committed together (the group committer); each
+/// still gets exactly its own answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_posts_are_each_accepted_once_with_repeated_keys_answered_by_the_original() {
+    let app = Arc::new(spawn_app().await);
+    let subs = [
+        app.subscribe(ADMIN, &["*"]).await,
+        app.subscribe(ADMIN, &["order.*"]).await,
+    ];
+    // 200 at once: 100 over 25 keys (4 posts each), 50 with keys of their
+    // own, 50 without a key. So 125 events, each fanned out to both.
+    let key_of = |i: usize| match i {
+        0..100 => Some(format!("shared-{}", i % 25)),
+        100..150 => Some(format!("own-{i}")),
+        _ => None,
+    };
+    let posts = (0..200).map(|i| {
+        let app = app.clone();
+        let key = key_of(i);
+        tokio::spawn(async move {
+            let mut body = json!({"type": "order.created", "payload": {"n": i}});
+            if let Some(key) = &key {
+                body["idempotency_key"] = json!(key);
+            }
+            (key, app.publish(ADMIN, body).await)
+        })
+    });
+    let answers: Vec<(Option<String>, String)> = futures::future::join_all(posts)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+
+    // Every post of one key got one id, and that event holds the key.
+    let mut by_key: std::collections::BTreeMap<String, BTreeSet<String>> = Default::default();
+    for (key, id) in &answers {
+        if let Some(key) = key {
+            by_key.entry(key.clone()).or_default().insert(id.clone());
+        }
+    }
+    assert_eq!(by_key.len(), 75);
+    for (key, ids) in &by_key {
+        assert_eq!(ids.len(), 1, "posts of {key} got {ids:?}");
+        let (status, event) = app
+            .get(&format!("/events/{}", ids.first().unwrap()), ADMIN)
+            .await;
+        assert_eq!(status, StatusCode::OK, "{event}");
+        assert_eq!(event["idempotency_key"], key.as_str());
+    }
+    let events: BTreeSet<&String> = answers.iter().map(|(_, id)| id).collect();
+    assert_eq!(events.len(), 125, "one event per key and per keyless post");
+    for id in &events {
+        assert_eq!(app.fanned_out_to(id).await, set(&[&subs[0], &subs[1]]));
+    }
+    // And nothing besides: each subscription has exactly those deliveries.
+    for sub in &subs {
+        let (status, page) = app
+            .get(&format!("/subscriptions/{sub}/deliveries?limit=250"), ADMIN)
+            .await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        assert_eq!(page["next_cursor"], Value::Null);
+        let delivered_events: BTreeSet<&str> = page["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["event_id"].as_str().unwrap())
+            .collect();
+        assert_eq!(page["data"].as_array().unwrap().len(), 125, "{sub}");
+        assert_eq!(
+            delivered_events,
+            events.iter().map(|id| id.as_str()).collect::<BTreeSet<_>>()
+        );
+    }
+    Arc::into_inner(app).unwrap().stop().await;
+}
+
 #[tokio::test]
 async fn changing_a_subscriptions_event_types_changes_fan_out_at_once() {
     let app = spawn_app().await;

@@ -23,7 +23,7 @@ pub enum Scenario {
     /// 2,000 events × 100 destinations at full speed.
     Fanout(Plain),
     /// 20,000 events to one destination at full speed (hookd gets
-    /// `--host-concurrency 256`).
+    /// `--host-concurrency 256` and a fixed 50,000/s destination rate).
     Single(Plain),
     /// A fixed rate (500 events/s to 10 destinations for 20 s): the latency
     /// distribution.

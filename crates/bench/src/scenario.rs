@@ -79,7 +79,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 full(20_000, 64),
                 a.load.destinations.unwrap_or(1),
             );
-            plan.hookd_defaults = vec![("--host-concurrency", "256")];
+            // The "its rate limit and cap raised": a cap of 256 and a
+            // fixed 50,000/s instead of the adaptive rate's cautious start.
+            plan.hookd_defaults = vec![
+                ("--host-concurrency", "256"),
+                ("--destination-rate-initial", "50000"),
+                ("--destination-rate-max", "50000"),
+            ];
             simple(&a.common, plan).await
         }
         Scenario::Steady(a) => {

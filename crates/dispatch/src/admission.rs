@@ -8,17 +8,27 @@
 //! fair share, backlog floor). This module owns one of them per destination
 //! host, in memory — zero store reads on the hot path (R1) — and ties each
 //! started attempt to a permit whose drop always gives its slot back.
+//!
+//! Several worker nodes on one database (issue 8): each admits only its
+//! share of a host's cap, `⌈cap / live worker nodes⌉`
+//! ([`set_live_nodes`](Admission::set_live_nodes), fed by the heartbeats),
+//! and a circuit that opens here is published through the installed
+//! [`CircuitGossip`] for the other nodes to adopt
+//! ([`force_open`](Admission::force_open)); see [`crate::gossip`].
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use hookd_domain::isolation::{
     AdmissionConfig, AttemptOutcome, BacklogInput, CircuitTransition, DestinationAdmission,
-    DestinationSnapshot, SubscriptionLoad, Ticket, backlog_split, fair_share,
+    DestinationSnapshot, SubscriptionLoad, Ticket, backlog_split, fair_share, node_share,
 };
 use hookd_domain::{Clock, SubscriptionId, Timestamp};
 use hookd_store::{ClaimOrder, DueDestination};
+
+use crate::gossip::CircuitGossip;
 
 /// The admission state of every destination this process has seen.
 #[derive(Debug)]
@@ -28,6 +38,11 @@ pub struct Admission {
     backlog_age: chrono::Duration,
     clock: Arc<dyn Clock>,
     hosts: Mutex<HashMap<Arc<str>, HostState>>,
+    /// Live worker nodes sharing the database, this one included (from the
+    /// heartbeats; 1 until told otherwise): each host's cap is divided by it.
+    live_nodes: AtomicU32,
+    /// Where circuit openings are published (R1); none: nobody to tell.
+    gossip: OnceLock<Arc<dyn CircuitGossip>>,
 }
 
 #[derive(Debug)]
@@ -40,9 +55,10 @@ struct HostState {
     /// The explicit rate last applied: the smallest `rate_limit` among the
     /// host's subscriptions with due work (`None`: adaptive).
     rate_limit: Option<u32>,
-    /// The cap last applied: the smallest `max_concurrency` among them
-    /// (`None`: the configured default).
-    max_concurrency: Option<u32>,
+    /// The cap last applied: this node's share ([`node_share`]) of the
+    /// smallest `max_concurrency` among them (or of the configured default
+    /// when none sets one).
+    concurrency: u32,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -93,7 +109,32 @@ impl Admission {
             backlog_age: chrono::Duration::from_std(backlog_age).unwrap_or(chrono::Duration::MAX),
             clock,
             hosts: Mutex::new(HashMap::new()),
+            live_nodes: AtomicU32::new(1),
+            gossip: OnceLock::new(),
         })
+    }
+
+    /// Installs where this node's circuit openings are published (before
+    /// the dispatcher runs; the first one set stays).
+    pub fn set_gossip(&self, gossip: Arc<dyn CircuitGossip>) {
+        let _ = self.gossip.set(gossip);
+    }
+
+    /// The gossip installed with [`set_gossip`](Self::set_gossip), if any.
+    pub fn gossip(&self) -> Option<Arc<dyn CircuitGossip>> {
+        self.gossip.get().cloned()
+    }
+
+    /// How many live worker nodes share the database (this one included),
+    /// from the latest heartbeat. Every host's cap is divided among them
+    /// from the next plan on ([`node_share`]); 0 counts as 1.
+    pub fn set_live_nodes(&self, nodes: u32) {
+        self.live_nodes.store(nodes.max(1), Ordering::Relaxed);
+    }
+
+    /// The live worker nodes the cap is divided among.
+    pub fn live_nodes(&self) -> u32 {
+        self.live_nodes.load(Ordering::Relaxed)
     }
 
     /// Plans the claims for one destination with due work, given `free`
@@ -119,11 +160,14 @@ impl Admission {
         }
         let cap = hookd_domain::subscription::strictest_limit(
             due.subscriptions.iter().map(|s| s.max_concurrency),
-        );
-        if cap != h.max_concurrency {
-            h.max_concurrency = cap;
-            h.destination
-                .set_concurrency(cap.unwrap_or(self.config.concurrency));
+        )
+        .unwrap_or(self.config.concurrency);
+        // Several worker nodes each take their share, so the host's cap
+        // holds across them (issue 8).
+        let share = node_share(cap, self.live_nodes());
+        if share != h.concurrency {
+            h.concurrency = share;
+            h.destination.set_concurrency(share);
         }
         let admit = h.destination.available(now);
         let slots = admit.slots.min(free);
@@ -266,7 +310,7 @@ impl Admission {
                 subscriptions: HashMap::new(),
                 turn: 0,
                 rate_limit: None,
-                max_concurrency: None,
+                concurrency: self.config.concurrency,
             };
             hosts.insert(Arc::from(host), state);
         }
@@ -281,14 +325,23 @@ impl AttemptPermit {
     }
 
     /// Records the attempt's result. Returns the circuit's transition, if
-    /// this result caused one.
+    /// this result caused one; an opening is published to the other nodes
+    /// (R1), a close never is.
     pub fn finish(mut self, outcome: AttemptOutcome) -> Option<CircuitTransition> {
         let ticket = self.ticket.take()?;
         let now = self.admission.clock.now();
-        let mut hosts = self.admission.hosts.lock().unwrap();
-        let h = hosts.get_mut(&*self.host)?;
-        h.destination
-            .on_finish(now, ticket, outcome, rand::random())
+        let transition = {
+            let mut hosts = self.admission.hosts.lock().unwrap();
+            let h = hosts.get_mut(&*self.host)?;
+            h.destination
+                .on_finish(now, ticket, outcome, rand::random())
+        };
+        if transition == Some(CircuitTransition::Opened)
+            && let Some(gossip) = self.admission.gossip.get()
+        {
+            gossip.publish_open(&self.host);
+        }
+        transition
     }
 }
 
@@ -519,6 +572,63 @@ mod tests {
             total(&a.plan(&d, 100)),
             20,
             "cleared: the configured cap again"
+        );
+    }
+
+    #[test]
+    fn each_live_node_takes_its_share_of_a_hosts_cap() {
+        let (a, clock) = setup(20);
+        let s = SubscriptionId::new();
+        let mut d = due("x", &[(s, 0, 0)], clock.now());
+        a.set_live_nodes(3);
+        assert_eq!(total(&a.plan(&d, 100)), 7, "⌈20 / 3⌉");
+        assert_eq!(a.snapshot("x").unwrap().concurrency_limit, 7);
+        d.subscriptions[0].max_concurrency = Some(4);
+        assert_eq!(
+            total(&a.plan(&d, 100)),
+            2,
+            "a subscription's cap is divided too"
+        );
+        a.set_live_nodes(8);
+        assert_eq!(total(&a.plan(&d, 100)), 1, "never below one");
+        a.set_live_nodes(0);
+        assert_eq!(a.live_nodes(), 1, "no heartbeat yet: this node alone");
+        assert_eq!(total(&a.plan(&d, 100)), 4);
+    }
+
+    #[derive(Debug, Default)]
+    struct Recorded(Mutex<Vec<String>>);
+
+    impl CircuitGossip for Recorded {
+        fn publish_open(&self, host: &str) {
+            self.0.lock().unwrap().push(host.to_owned());
+        }
+        fn subscribe(&self) -> tokio::sync::broadcast::Receiver<String> {
+            tokio::sync::broadcast::channel(1).1
+        }
+    }
+
+    #[test]
+    fn an_opening_is_published_and_an_adopted_one_is_not() {
+        let (a, _clock) = setup(20);
+        let gossip = Arc::new(Recorded::default());
+        a.set_gossip(gossip.clone());
+        let s = SubscriptionId::new();
+        let fail = AttemptOutcome {
+            kind: OutcomeKind::RetryableFailure,
+            latency: Duration::from_millis(5),
+        };
+        for _ in 0..20 {
+            let p = a.start("x", s, ClaimOrder::OldestFirst).unwrap();
+            p.finish(fail);
+        }
+        assert_eq!(a.snapshot("x").unwrap().circuit_state, CircuitState::Open);
+        assert_eq!(*gossip.0.lock().unwrap(), ["x"], "published once");
+        assert!(a.force_open("y"));
+        assert_eq!(
+            *gossip.0.lock().unwrap(),
+            ["x"],
+            "an adopted opening is not published again"
         );
     }
 

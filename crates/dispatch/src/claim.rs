@@ -270,8 +270,12 @@ impl Dispatcher {
             return Ok(pass);
         }
         let due = inner.store.due_destinations(DESTINATIONS_PER_PASS).await?;
+        // Plan every destination first (in memory), then claim for all of
+        // them at once: one store call per pass, not one per destination.
+        // Each plan sees the global slots the plans before it left.
+        let mut free = inner.global.available_permits() as u32;
+        let mut reqs = Vec::new();
         for destination in &due {
-            let free = inner.global.available_permits() as u32;
             if free == 0 {
                 break;
             }
@@ -280,48 +284,53 @@ impl Dispatcher {
                 pass.next_check = Some(pass.next_check.map_or(t, |p| p.min(t)));
             }
             for claim in plan.claims {
-                let req = ClaimRequest {
+                free = free.saturating_sub(claim.limit);
+                reqs.push(ClaimRequest {
                     worker_id: inner.config.worker_id.clone(),
                     destination: destination.host.clone(),
                     subscription: Some(claim.sub_id),
                     order: claim.order,
                     limit: claim.limit,
                     lease: inner.config.lease,
-                };
-                let claimed = inner.store.claim_due(&req).await?;
-                metrics::histogram!("hookd_claim_batch_size").record(claimed.len() as f64);
-                let mut refused = Vec::new();
-                for c in claimed {
-                    // Admission may have changed since the plan (an attempt
-                    // that just failed opened the circuit): then give the row
-                    // back untouched.
-                    let permit =
-                        inner
-                            .admission
-                            .start(&destination.host, c.delivery.sub_id, claim.order);
-                    let global = inner.global.clone().try_acquire_owned().ok();
-                    let Some((permit, global)) = permit.zip(global) else {
-                        refused.push(c.lease);
-                        continue;
-                    };
-                    let job = Job {
-                        claimed: c,
-                        permit,
-                        global,
-                    };
-                    tracker.spawn(attempt(
-                        inner.clone(),
-                        job,
-                        hard_stop.clone(),
-                        unfinished.clone(),
-                        recorder.clone(),
-                    ));
-                    pass.started += 1;
-                }
-                if !refused.is_empty() {
-                    inner.store.release(&refused).await?;
-                }
+                });
             }
+        }
+        if reqs.is_empty() {
+            return Ok(pass);
+        }
+        let claimed = inner.store.claim_many(&reqs).await?;
+        let mut refused = Vec::new();
+        for (req, claimed) in reqs.iter().zip(claimed) {
+            metrics::histogram!("hookd_claim_batch_size").record(claimed.len() as f64);
+            for c in claimed {
+                // Admission may have changed since the plan (an attempt
+                // that just failed opened the circuit): then give the row
+                // back untouched.
+                let permit = inner
+                    .admission
+                    .start(&req.destination, c.delivery.sub_id, req.order);
+                let global = inner.global.clone().try_acquire_owned().ok();
+                let Some((permit, global)) = permit.zip(global) else {
+                    refused.push(c.lease);
+                    continue;
+                };
+                let job = Job {
+                    claimed: c,
+                    permit,
+                    global,
+                };
+                tracker.spawn(attempt(
+                    inner.clone(),
+                    job,
+                    hard_stop.clone(),
+                    unfinished.clone(),
+                    recorder.clone(),
+                ));
+                pass.started += 1;
+            }
+        }
+        if !refused.is_empty() {
+            inner.store.release(&refused).await?;
         }
         Ok(pass)
     }
@@ -470,7 +479,7 @@ async fn renew_while_running(inner: &Inner, lease: Lease) -> std::convert::Infal
 }
 
 /// An error and all its causes, for logs.
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut src = e.source();
     while let Some(cause) = src {

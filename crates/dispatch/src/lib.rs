@@ -14,6 +14,8 @@
 pub mod admission;
 mod claim;
 pub mod egress;
+pub mod fanout;
+pub mod gossip;
 pub mod record;
 mod recorder;
 mod replay;
@@ -28,7 +30,7 @@ use hookd_domain::isolation::AdmissionConfig;
 use hookd_domain::retry::RetrySchedule;
 use hookd_store::{SignalKind, Store, StoreError, Subscription};
 
-pub use claim::Dispatcher;
+pub use claim::{Dispatcher, error_chain};
 
 /// What the dispatcher tells the rest of the process about subscriptions.
 /// The binary installs one that feeds the health monitor and announces

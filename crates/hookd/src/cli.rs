@@ -83,11 +83,47 @@ pub enum LogFormat {
     Json,
 }
 
+/// What a `hookd serve` node runs (several nodes share one PostgreSQL
+/// database).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Role {
+    /// The HTTP API (and the subscription monitor): accepts events,
+    /// delivers nothing.
+    Api,
+    /// The dispatcher and the background workers (replay jobs, retention,
+    /// the monitor); serves only /healthz, /readyz and /metrics.
+    Worker,
+    /// Both: one node does everything (the only role on SQLite).
+    All,
+}
+
+impl From<Role> for hookd_store::NodeRole {
+    fn from(role: Role) -> Self {
+        match role {
+            Role::Api => Self::Api,
+            Role::Worker => Self::Worker,
+            Role::All => Self::All,
+        }
+    }
+}
+
 /// `hookd serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     #[command(flatten)]
     db: DatabaseArgs,
+    /// What this node runs. `api` and `worker` need PostgreSQL; run any
+    /// number of each against one database.
+    #[arg(long, env = "HOOKD_ROLE", value_enum, default_value = "all")]
+    role: Role,
+    /// How often this node records its heartbeat (worker nodes divide each
+    /// destination's concurrency cap by the live worker nodes).
+    #[arg(long, env = "HOOKD_HEARTBEAT_EVERY", default_value = "2s", value_parser = humantime::parse_duration)]
+    heartbeat_every: Duration,
+    /// A node whose last heartbeat is older than this no longer counts as
+    /// live (at least twice --heartbeat-every).
+    #[arg(long, env = "HOOKD_NODE_LIVE_WITHIN", default_value = "10s", value_parser = humantime::parse_duration)]
+    node_live_within: Duration,
     /// Address the API listens on.
     #[arg(long, env = "HOOKD_LISTEN", default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
@@ -174,6 +210,12 @@ pub struct ServeArgs {
     /// How long events are kept (while no delivery refers to them).
     #[arg(long, env = "HOOKD_RETAIN_EVENTS", default_value = "30days", value_parser = humantime::parse_duration)]
     retain_events: Duration,
+    /// An event matching more subscriptions than this is committed with a
+    /// fan-out job, and its deliveries are written in batches of 1,000
+    /// afterwards (lazy fan-out); up to this many are written with the
+    /// event.
+    #[arg(long, env = "HOOKD_LAZY_FANOUT_THRESHOLD", default_value_t = hookd_store::LazyFanout::DEFAULT.threshold)]
+    lazy_fanout_threshold: usize,
 }
 
 impl Cli {
@@ -281,6 +323,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     config.retention.deliveries = args.retain_deliveries;
     config.retention.events = args.retain_events;
+    config.lazy_fanout.threshold = args.lazy_fanout_threshold;
+    config.role = args.role.into();
+    config.nodes = crate::cluster::NodesConfig {
+        heartbeat_every: args.heartbeat_every,
+        live_within: args.node_live_within,
+    };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding the API to {}", args.listen))?;
@@ -294,7 +342,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         println!("    {token}");
         println!();
     }
-    tracing::info!(listen = %app.local_addr(), database = %redact_url(app.database()), "hookd is serving");
+    tracing::info!(listen = %app.local_addr(), database = %redact_url(app.database()), role = app.role().as_str(), "hookd is serving");
     let shutdown = app.shutdown_token();
     tokio::spawn(async move {
         wait_for_signal().await;
@@ -315,7 +363,8 @@ pub const FAILPOINT_EXIT_CODE: i32 = 86;
 /// builds with the `failpoints` feature only (the end-to-end tests' build;
 /// never a release). An action is one of `fail`'s (`panic`, `sleep(ms)`,
 /// `off`, …) or `exit`: the process exits at once with
-/// [`FAILPOINT_EXIT_CODE`], without unwinding or shutting down, like a crash.
+/// [`FAILPOINT_EXIT_CODE`], without unwinding or shutting down, like a crash;
+/// `N*off->exit` lets the first N hits pass and exits at the next.
 fn arm_failpoints() -> anyhow::Result<()> {
     let Ok(spec) = std::env::var("HOOKD_FAILPOINTS") else {
         return Ok(());
@@ -329,9 +378,13 @@ fn arm_failpoints() -> anyhow::Result<()> {
             .split_once('=')
             .map(|(n, a)| (n.trim().to_owned(), a.trim()))
             .with_context(|| format!("HOOKD_FAILPOINTS: `{entry}` is not `name=action`"))?;
-        let armed = if action == "exit" {
+        let armed = if let Some(pass) = exit_after(action) {
             let hit = name.clone();
+            let passed = std::sync::atomic::AtomicUsize::new(0);
             fail::cfg_callback(name.clone(), move || {
+                if passed.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < pass {
+                    return;
+                }
                 eprintln!("failpoint {hit} hit: exiting with {FAILPOINT_EXIT_CODE}");
                 std::process::exit(FAILPOINT_EXIT_CODE)
             })
@@ -344,6 +397,16 @@ fn arm_failpoints() -> anyhow::Result<()> {
         tracing::warn!(failpoint = %name, action, "failpoint armed");
     }
     Ok(())
+}
+
+/// How many hits an `exit` action lets pass: `exit` none, `N*off->exit` N.
+fn exit_after(action: &str) -> Option<usize> {
+    if action == "exit" {
+        return Some(0);
+    }
+    action
+        .strip_suffix("*off->exit")
+        .and_then(|n| n.trim().parse().ok())
 }
 
 async fn wait_for_signal() {
@@ -408,6 +471,14 @@ mod tests {
             "postgres://…@db:5432/x"
         );
         assert_eq!(redact_url("sqlite:hookd.db"), "sqlite:hookd.db");
+    }
+
+    #[test]
+    fn an_exit_failpoint_may_let_hits_pass_first() {
+        assert_eq!(exit_after("exit"), Some(0));
+        assert_eq!(exit_after("2*off->exit"), Some(2));
+        assert_eq!(exit_after("panic"), None);
+        assert_eq!(exit_after("x*off->exit"), None);
     }
 
     #[test]

@@ -8,6 +8,7 @@
 
 pub mod cli;
 mod client;
+pub mod cluster;
 pub mod keys;
 pub mod listen;
 pub mod maintenance;
@@ -17,5 +18,5 @@ mod serve;
 pub mod timed_store;
 
 pub use maintenance::RetentionConfig;
-pub use serve::{App, AppConfig, open_store, open_store_with};
+pub use serve::{App, AppConfig, open_store, open_store_tuned, open_store_with};
 pub use timed_store::TimedStore;

@@ -1,5 +1,24 @@
 //! Wiring: open the store, migrate, make sure an admin token exists, build
 //! the API and the dispatcher, run both, and stop both together.
+//!
+//! What runs depends on the node's role (`--role`, issue 8):
+//!
+//! | task                                   | `all` | `api` | `worker` |
+//! |----------------------------------------|-------|-------|----------|
+//! | HTTP API (every route)                 | yes   | yes   | —        |
+//! | `/healthz`, `/readyz`, `/metrics` only | —     | —     | yes      |
+//! | dispatcher, replay runner, retention   | yes   | —     | yes      |
+//! | fan-out runner (lazy fan-out)          | yes   | —     | yes      |
+//! | circuit gossip (PostgreSQL)            | yes   | —     | yes      |
+//! | subscription monitor                   | yes   | yes   | yes      |
+//! | heartbeat                              | yes   | yes   | yes      |
+//!
+//! The monitor runs on every role: ingest (api) refuses events for the
+//! shedding subscriptions it loads, and the dead-lettering/configuration
+//! judgement needs the subscriptions its own dispatcher (worker) touched;
+//! its writes are compare-and-set, so any number of nodes may run it.
+//! Roles other than `all` need PostgreSQL: one process owns a SQLite file,
+//! so an `api` node there would accept events nobody delivers.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
@@ -10,8 +29,11 @@ use hookd_dispatch::{DispatchConfig, Dispatcher, Observer};
 use hookd_domain::destination::DestinationPolicy;
 use hookd_domain::isolation::CircuitState;
 use hookd_domain::{SubscriptionId, SystemClock};
-use hookd_store::{NewToken, SignalKind, Store, StoreError, Subscription};
+use hookd_store::{
+    LazyFanout, NewToken, NodeHeartbeat, NodeRole, SignalKind, Store, StoreError, Subscription,
+};
 
+use crate::cluster::{NodesConfig, PgGossipDriver};
 use crate::maintenance::RetentionConfig;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use sha2::{Digest, Sha256};
@@ -39,6 +61,13 @@ pub struct AppConfig {
     /// Seals subscription secrets at rest. `None`: from the environment or
     /// the SQLite key file ([`crate::keys::keyring_for`]).
     pub keyring: Option<hookd_store::crypto::Keyring>,
+    /// When ingest writes a fan-out job instead of an event's deliveries
+    /// (`--lazy-fanout-threshold`).
+    pub lazy_fanout: LazyFanout,
+    /// What this node runs (`--role`): API, dispatcher, or both.
+    pub role: NodeRole,
+    /// Heartbeats: how often, and how long a node counts as live.
+    pub nodes: NodesConfig,
 }
 
 impl AppConfig {
@@ -53,6 +82,9 @@ impl AppConfig {
             monitor: MonitorConfig::default(),
             retention: RetentionConfig::default(),
             keyring: None,
+            lazy_fanout: LazyFanout::DEFAULT,
+            role: NodeRole::All,
+            nodes: NodesConfig::default(),
         }
     }
 }
@@ -93,6 +125,12 @@ pub struct App {
     shutdown: CancellationToken,
     generated_admin_token: Option<String>,
     database: String,
+    role: NodeRole,
+    nodes: NodesConfig,
+    /// This node's heartbeat (its id is the dispatcher's worker id).
+    node: NodeHeartbeat,
+    /// The circuit gossip's I/O, on a worker node on PostgreSQL.
+    gossip: Option<PgGossipDriver>,
 }
 
 /// Opens the store the URL names: `sqlite:…` or `postgres://…`, sealing
@@ -103,15 +141,26 @@ pub async fn open_store(url: &str) -> anyhow::Result<Arc<dyn Store>> {
     open_store_with(url, crate::keys::keyring_for(url)?).await
 }
 
-/// [`open_store`] with the keyring given. This is the only place that names
-/// a backend.
+/// [`open_store`] with the keyring given.
 pub async fn open_store_with(
     url: &str,
     keyring: hookd_store::crypto::Keyring,
 ) -> anyhow::Result<Arc<dyn Store>> {
+    open_store_tuned(url, keyring, LazyFanout::DEFAULT).await
+}
+
+/// [`open_store_with`], fanning out lazily the events with more deliveries
+/// than `lazy_fanout.threshold` (`--lazy-fanout-threshold`). This is the
+/// only place that names a backend.
+pub async fn open_store_tuned(
+    url: &str,
+    keyring: hookd_store::crypto::Keyring,
+    lazy_fanout: LazyFanout,
+) -> anyhow::Result<Arc<dyn Store>> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         let options = hookd_store_postgres::PgOptions {
             keyring,
+            lazy_fanout,
             ..hookd_store_postgres::PgOptions::default()
         };
         let store = hookd_store_postgres::PgStore::connect(url, options)
@@ -121,7 +170,8 @@ pub async fn open_store_with(
     } else if url.starts_with("sqlite:") {
         let store = hookd_store_sqlite::SqliteStore::connect_url_with_keyring(url, keyring)
             .await
-            .context("opening the SQLite database")?;
+            .context("opening the SQLite database")?
+            .with_lazy_fanout(lazy_fanout);
         Ok(Arc::new(store))
     } else {
         Err(unsupported(url))
@@ -135,6 +185,27 @@ fn check_url(url: &str) -> anyhow::Result<()> {
         true => Ok(()),
         false => Err(unsupported(url)),
     }
+}
+
+fn is_postgres(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+/// A worker node's HTTP: `/healthz`, `/readyz` and `/metrics`, and 404 for
+/// every other route (no events are accepted on a node that only delivers).
+fn worker_only(router: axum::Router) -> axum::Router {
+    use axum::response::IntoResponse as _;
+    router.layer(axum::middleware::from_fn(
+        |req: axum::extract::Request, next: axum::middleware::Next| async move {
+            match req.uri().path() {
+                "/healthz" | "/readyz" | "/metrics" => next.run(req).await,
+                _ => hookd_api::ApiError::NotFound(
+                    "no such route on a worker node (--role worker): use an api node".into(),
+                )
+                .into_response(),
+            }
+        },
+    ))
 }
 
 fn unsupported(url: &str) -> anyhow::Error {
@@ -227,12 +298,27 @@ impl App {
     /// Opens and migrates the store and builds every component. Nothing runs
     /// until [`App::run`].
     pub async fn build(config: AppConfig, listener: TcpListener) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            config.role == NodeRole::All || is_postgres(&config.database),
+            "--role {} needs PostgreSQL: only one process can open a SQLite database, so it must \
+             run both the API and the dispatcher (--role all)",
+            config.role.as_str()
+        );
+        config
+            .nodes
+            .validate()
+            .map_err(anyhow::Error::msg)
+            .context("checking the heartbeat settings")?;
         // Installed first, so the store's timings have somewhere to go.
         let prometheus = prometheus();
-        let store = match &config.keyring {
-            Some(keyring) => open_store_with(&config.database, keyring.clone()).await?,
-            None => open_store(&config.database).await?,
+        let keyring = match &config.keyring {
+            Some(keyring) => keyring.clone(),
+            None => {
+                check_url(&config.database)?;
+                crate::keys::keyring_for(&config.database)?
+            }
         };
+        let store = open_store_tuned(&config.database, keyring, config.lazy_fanout).await?;
         // Every component below sees the store through the timer.
         let store: Arc<dyn Store> = Arc::new(crate::TimedStore::new(store));
         store
@@ -288,7 +374,27 @@ impl App {
         dispatcher.set_observer(Arc::new(MonitorObserver {
             state: state.clone(),
         }));
-        let router = hookd_api::router(state.clone());
+        let node = NodeHeartbeat {
+            node_id: dispatcher.config().worker_id.clone(),
+            role: config.role,
+            started_at: chrono::Utc::now(),
+        };
+        // Circuit openings travel between the nodes that deliver (R1).
+        let gossip = if config.role.delivers() && is_postgres(&config.database) {
+            let (gossip, driver) =
+                crate::cluster::pg_gossip(&config.database, &node.node_id).await?;
+            dispatcher.admission().set_gossip(gossip);
+            Some(driver)
+        } else {
+            dispatcher
+                .admission()
+                .set_gossip(Arc::new(hookd_dispatch::gossip::NoGossip));
+            None
+        };
+        let router = match config.role {
+            NodeRole::Worker => worker_only(hookd_api::router(state.clone())),
+            NodeRole::Api | NodeRole::All => hookd_api::router(state.clone()),
+        };
         let local_addr = listener
             .local_addr()
             .context("reading the listen address")?;
@@ -304,7 +410,16 @@ impl App {
             shutdown: CancellationToken::new(),
             generated_admin_token,
             database: config.database,
+            role: config.role,
+            nodes: config.nodes,
+            node,
+            gossip,
         })
+    }
+
+    /// What this node runs.
+    pub fn role(&self) -> NodeRole {
+        self.role
     }
 
     /// The address the API listens on.
@@ -363,30 +478,69 @@ impl App {
         // The background helpers end with the shutdown token; they hold no
         // work of their own (their state is in the store), so they need no
         // grace period.
-        let replay = self.dispatcher.clone();
-        let replay_shutdown = shutdown.clone();
-        tracker.spawn(async move { replay.run_replay_jobs(replay_shutdown).await });
+        let delivers = self.role.delivers();
+        // This node counts (and takes its share) before it claims anything.
+        let admission = delivers.then(|| self.dispatcher.admission().clone());
+        crate::cluster::heartbeat_once(
+            self.store.as_ref(),
+            &self.node,
+            &self.nodes,
+            admission.as_deref(),
+        )
+        .await;
+        tracker.spawn(crate::cluster::run_heartbeats(
+            self.store.clone(),
+            self.node.clone(),
+            self.nodes.clone(),
+            admission,
+            shutdown.clone(),
+        ));
+        if let Some(driver) = self.gossip {
+            tracker.spawn(driver.run(shutdown.clone()));
+        }
+        if delivers {
+            let gossip = self
+                .dispatcher
+                .admission()
+                .gossip()
+                .unwrap_or_else(|| Arc::new(hookd_dispatch::gossip::NoGossip));
+            tracker.spawn(hookd_dispatch::gossip::adopt_openings(
+                self.dispatcher.admission().clone(),
+                gossip,
+                shutdown.clone(),
+            ));
+            let replay = self.dispatcher.clone();
+            let replay_shutdown = shutdown.clone();
+            tracker.spawn(async move { replay.run_replay_jobs(replay_shutdown).await });
+            // Lazy fan-out: writes the deliveries of events committed with
+            // a fan-out job, batch by batch, and wakes the claim loop.
+            let fanout = self.dispatcher.clone();
+            let fanout_shutdown = shutdown.clone();
+            tracker.spawn(async move { fanout.run_fanout(fanout_shutdown).await });
+        }
         let (state, monitor, monitor_shutdown) =
             (self.state.clone(), self.monitor.clone(), shutdown.clone());
         tracker.spawn(async move { state.run_monitor(monitor, monitor_shutdown).await });
-        let (store, retention, retention_shutdown) =
-            (self.store.clone(), self.retention.clone(), shutdown.clone());
-        tracker.spawn(crate::maintenance::run_retention(
-            store,
-            retention,
-            retention_shutdown,
-        ));
+        if delivers {
+            let (store, retention, retention_shutdown) =
+                (self.store.clone(), self.retention.clone(), shutdown.clone());
+            tracker.spawn(crate::maintenance::run_retention(
+                store,
+                retention,
+                retention_shutdown,
+            ));
 
-        let dispatch_shutdown = shutdown.clone();
-        let dispatcher = self.dispatcher;
-        tracker.spawn(async move {
-            let res = dispatcher
-                .run(dispatch_shutdown.clone())
-                .await
-                .context("the dispatcher failed");
-            dispatch_shutdown.cancel();
-            let _ = tx.send(("dispatcher", res));
-        });
+            let dispatch_shutdown = shutdown.clone();
+            let dispatcher = self.dispatcher;
+            tracker.spawn(async move {
+                let res = dispatcher
+                    .run(dispatch_shutdown.clone())
+                    .await
+                    .context("the dispatcher failed");
+                dispatch_shutdown.cancel();
+                let _ = tx.send(("dispatcher", res));
+            });
+        }
         tracker.close();
         tracker.wait().await;
 

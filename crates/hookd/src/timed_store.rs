@@ -38,7 +38,10 @@ enum Op {
     SubscriptionGeneration,
     ResealSecrets,
     AcceptEvent,
+    AcceptEvents,
     GetEvent,
+    MaterializeFanout,
+    FanoutBacklog,
     DueDestinations,
     ClaimDue,
     RecordAttempt,
@@ -65,6 +68,10 @@ enum Op {
     CreateToken,
     FindToken,
     HasAdminToken,
+    ClaimMany,
+    Heartbeat,
+    ForgetNode,
+    Nodes,
 }
 
 /// Each [`Op`]'s label, by its discriminant.
@@ -82,7 +89,10 @@ const OP_NAMES: &[&str] = &[
     "subscription_generation",
     "reseal_secrets",
     "accept_event",
+    "accept_events",
     "get_event",
+    "materialize_fanout",
+    "fanout_backlog",
     "due_destinations",
     "claim_due",
     "record_attempt",
@@ -109,6 +119,10 @@ const OP_NAMES: &[&str] = &[
     "create_token",
     "find_token",
     "has_admin_token",
+    "claim_many",
+    "heartbeat",
+    "forget_node",
+    "nodes",
 ];
 
 /// A [`Store`] that times every call to the one it wraps.
@@ -237,8 +251,26 @@ impl Store for TimedStore {
             .await
     }
 
+    async fn accept_events(
+        &self,
+        batch: Vec<(NewEvent, Vec<NewDelivery>)>,
+    ) -> Result<Vec<Result<Accepted>>> {
+        self.timed(Op::AcceptEvents, self.inner.accept_events(batch))
+            .await
+    }
+
     async fn get_event(&self, id: &EventId) -> Result<Event> {
         self.timed(Op::GetEvent, self.inner.get_event(id)).await
+    }
+
+    async fn materialize_fanout(&self) -> Result<Option<hookd_store::FanoutStep>> {
+        self.timed(Op::MaterializeFanout, self.inner.materialize_fanout())
+            .await
+    }
+
+    async fn fanout_backlog(&self) -> Result<hookd_store::FanoutBacklog> {
+        self.timed(Op::FanoutBacklog, self.inner.fanout_backlog())
+            .await
     }
 
     async fn due_destinations(&self, limit: u32) -> Result<Vec<DueDestination>> {
@@ -248,6 +280,10 @@ impl Store for TimedStore {
 
     async fn claim_due(&self, req: &ClaimRequest) -> Result<Vec<ClaimedDelivery>> {
         self.timed(Op::ClaimDue, self.inner.claim_due(req)).await
+    }
+
+    async fn claim_many(&self, reqs: &[ClaimRequest]) -> Result<Vec<Vec<ClaimedDelivery>>> {
+        self.timed(Op::ClaimMany, self.inner.claim_many(reqs)).await
     }
 
     async fn record_attempt(&self, record: AttemptRecord) -> Result<RecordOutcome> {
@@ -393,6 +429,24 @@ impl Store for TimedStore {
         self.timed(Op::HasAdminToken, self.inner.has_admin_token())
             .await
     }
+
+    async fn heartbeat(
+        &self,
+        node: &hookd_store::NodeHeartbeat,
+        live_within: Duration,
+    ) -> Result<u32> {
+        self.timed(Op::Heartbeat, self.inner.heartbeat(node, live_within))
+            .await
+    }
+
+    async fn forget_node(&self, node_id: &str) -> Result<bool> {
+        self.timed(Op::ForgetNode, self.inner.forget_node(node_id))
+            .await
+    }
+
+    async fn nodes(&self) -> Result<Vec<hookd_store::NodeInfo>> {
+        self.timed(Op::Nodes, self.inner.nodes()).await
+    }
 }
 
 #[cfg(test)]
@@ -404,6 +458,9 @@ mod tests {
         let unique: std::collections::BTreeSet<_> = OP_NAMES.iter().collect();
         assert_eq!(unique.len(), OP_NAMES.len());
         assert_eq!(OP_NAMES[Op::ClaimDue as usize], "claim_due");
+        assert_eq!(OP_NAMES[Op::AcceptEvents as usize], "accept_events");
         assert_eq!(OP_NAMES[Op::HasAdminToken as usize], "has_admin_token");
+        assert_eq!(OP_NAMES[Op::ClaimMany as usize], "claim_many");
+        assert_eq!(OP_NAMES[Op::Nodes as usize], "nodes");
     }
 }

@@ -19,9 +19,14 @@
 //!   PostgreSQL types; deliveries and attempts in day partitions (0006).
 //! - `store`: one SQL statement (or one transaction) per trait method.
 //! - `jobs`: bulk replay jobs (creation with fixed items, and the step).
+//! - `fanout`: lazy fan-out jobs (written at ingest, materialised in
+//!   batches).
 //! - `retention`: day partitions (carry forward, fold into `daily_stats`,
 //!   drop), events retention, and the daily rollup read.
 //! - `rows`: the column lists and row decoders the queries share.
+//! - `nodes`: heartbeats (who shares the database, on its clock).
+//! - [`gossip`]: circuit openings over `LISTEN/NOTIFY` (R1), the transport
+//!   the binary's gossip drives.
 //! - `error`: sqlx errors mapped onto [`StoreError`].
 //!
 //! # What this crate must not do
@@ -31,7 +36,10 @@
 #![warn(missing_docs)]
 
 mod error;
+mod fanout;
+pub mod gossip;
 mod jobs;
+mod nodes;
 mod retention;
 mod rows;
 mod store;
@@ -74,6 +82,9 @@ pub struct PgOptions {
     /// value and its clones, fine for tests but unreadable after a restart,
     /// so a deployment always sets its own (hookd: `HOOKD_ENCRYPTION_KEY`).
     pub keyring: Keyring,
+    /// When ingest writes a fan-out job instead of an event's deliveries
+    /// (see [`Store::accept_event`](hookd_store::Store::accept_event)).
+    pub lazy_fanout: hookd_store::LazyFanout,
 }
 
 impl Default for PgOptions {
@@ -88,6 +99,7 @@ impl Default for PgOptions {
             call_timeout: Duration::from_secs(8),
             schema: None,
             keyring: Keyring::ephemeral(),
+            lazy_fanout: hookd_store::LazyFanout::DEFAULT,
         }
     }
 }
@@ -104,6 +116,8 @@ pub struct PgStore {
     deadline: Duration,
     /// Seals and opens subscription secrets ([`PgOptions::keyring`]).
     keyring: Arc<Keyring>,
+    /// [`PgOptions::lazy_fanout`].
+    fanout: hookd_store::LazyFanout,
 }
 
 impl PgStore {
@@ -134,6 +148,7 @@ impl PgStore {
             pool,
             deadline: opts.call_timeout,
             keyring: Arc::new(opts.keyring),
+            fanout: opts.lazy_fanout,
         })
     }
 

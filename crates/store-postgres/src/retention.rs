@@ -307,13 +307,16 @@ async fn drop_day(store: &PgStore, day: NaiveDate, today: NaiveDate) -> Result<D
 }
 
 /// Deletes up to `batch` events older than `before` that no delivery
-/// refers to. Returns how many.
+/// refers to and no unfinished fan-out job will (a finished job goes with
+/// its event). Returns how many.
 async fn delete_events(store: &PgStore, before: Timestamp, batch: i64) -> Result<i64> {
     sqlx::query_scalar(
         "WITH gone AS ( \
              DELETE FROM events WHERE event_id IN ( \
                  SELECT e.event_id FROM events e WHERE e.created_at < $1 \
                    AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = e.event_id) \
+                   AND NOT EXISTS (SELECT 1 FROM fanout_jobs j \
+                       WHERE j.event_id = e.event_id AND j.finished_at IS NULL) \
                  ORDER BY e.created_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
              RETURNING 1 \
          ) SELECT count(*) FROM gone",

@@ -12,9 +12,9 @@ use hookd_domain::{DeliveryId, EventId, JobId, SubscriptionId, Timestamp};
 use hookd_store::{
     Accepted, Attempt, AttemptRecord, Backlog, ClaimOrder, ClaimRequest, ClaimedDelivery,
     DailyStats, Delivery, DeliveryDetail, DeliveryQuery, DueDestination, DueSubscription, Event,
-    JobStep, Lease, NewDelivery, NewEvent, NewReplayJob, NewSubscription, NewToken, NextState,
-    Notice, RaisedSignal, RecordOutcome, ReplayJob, Result, RetentionPolicy, RetentionReport,
-    SignalKind, Store, StoreError, StreakChange, Subscription, SubscriptionHealth,
+    JobStep, LazyFanout, Lease, NewDelivery, NewEvent, NewReplayJob, NewSubscription, NewToken,
+    NextState, Notice, RaisedSignal, RecordOutcome, ReplayJob, Result, RetentionPolicy,
+    RetentionReport, SignalKind, Store, StoreError, StreakChange, Subscription, SubscriptionHealth,
     SubscriptionPatch, SubscriptionQuery, TokenScope,
 };
 use sqlx::postgres::PgRow;
@@ -106,6 +106,10 @@ pub(crate) const DELETED: &str = "subscription deleted";
 
 /// Durations travel to SQL as whole microseconds (`$n * interval '1 microsecond'`),
 /// PostgreSQL's own resolution, so no float rounding moves a due time.
+/// Claim statements of one [`Store::claim_many`] in flight at once: enough to
+/// hide round trips, few enough to leave the pool to ingest and records.
+const CLAIMS_AT_ONCE: usize = 4;
+
 /// Rows per [`Store::reseal_secrets`] transaction.
 const RESEAL_BATCH: i64 = 500;
 
@@ -136,7 +140,7 @@ fn is_missing_partition(err: &StoreError) -> bool {
 /// for a row it inserted, creates today's and the next days' partitions and
 /// runs it once more: ingest keeps working even when retention, which
 /// normally creates them ahead, has not run for days.
-async fn with_partitions<T, F, Fut>(store: &PgStore, call: F) -> Result<T>
+pub(crate) async fn with_partitions<T, F, Fut>(store: &PgStore, call: F) -> Result<T>
 where
     F: Fn() -> Fut,
     Fut: Future<Output = Result<T>>,
@@ -234,11 +238,13 @@ fn json(value: &impl serde::Serialize) -> Result<String> {
 /// Writes an event and its deliveries in `tx` (the outbox), or finds the
 /// event holding its idempotency key (`duplicate`, nothing written): all of
 /// [`Store::accept_event`] but the commit, shared with `raise_signal`'s
-/// notice.
+/// notice. Over `fanout`'s threshold the deliveries go into a fan-out job
+/// ([`crate::fanout::write_job`]).
 pub(crate) async fn insert_event(
     tx: &mut Transaction<'_, Postgres>,
     event: &NewEvent,
     deliveries: &[NewDelivery],
+    fanout: LazyFanout,
 ) -> Result<Accepted> {
     // ON CONFLICT waits for a concurrent inserter of the same key to
     // commit or roll back, so of N simultaneous duplicates exactly one
@@ -270,33 +276,267 @@ pub(crate) async fn insert_event(
             duplicate: true,
         });
     }
-    if !deliveries.is_empty() {
-        // One statement for the whole fan-out, however wide. One now() for
-        // all of it: the deliveries share one retain_from, so one day
-        // partition, which is what keeps (event_id, sub_id) unique.
-        let hosts: Vec<&str> = deliveries
-            .iter()
-            .map(|d| d.destination_host.as_str())
-            .collect();
-        sqlx::query(
-            "INSERT INTO deliveries (delivery_id, event_id, sub_id, event_type, destination_host, \
-             state, attempt, next_attempt_at, created_at, window_start, updated_at, retain_from) \
-             SELECT u.delivery_id, $1, u.sub_id, $2, u.host, 'pending', 0, now(), now(), now(), now(), now() \
-             FROM unnest($3::uuid[], $4::uuid[], $5::text[]) AS u(delivery_id, sub_id, host)",
-        )
-        .bind(event.id.as_uuid())
-        .bind(event.event_type.as_str())
-        .bind(uuids(deliveries, |d| *d.id.as_uuid()))
-        .bind(uuids(deliveries, |d| *d.sub_id.as_uuid()))
-        .bind(hosts)
-        .execute(&mut **tx)
-        .await
-        .map_err(map)?;
+    if fanout.is_lazy(deliveries.len()) {
+        crate::fanout::write_job(tx, event, deliveries, fanout).await?;
+    } else {
+        insert_deliveries(tx, event, deliveries).await?;
     }
     Ok(Accepted {
         event_id: event.id,
         duplicate: false,
     })
+}
+
+/// Writes `event`'s `deliveries` (its row is written already), pending and
+/// due at once. One statement for the whole fan-out, however wide. One
+/// now() for all of it: the deliveries share one retain_from, so one day
+/// partition, which is what keeps (event_id, sub_id) unique.
+pub(crate) async fn insert_deliveries<D: std::borrow::Borrow<NewDelivery> + Sync>(
+    tx: &mut Transaction<'_, Postgres>,
+    event: &NewEvent,
+    deliveries: &[D],
+) -> Result<()> {
+    if deliveries.is_empty() {
+        return Ok(());
+    }
+    let all = || deliveries.iter().map(std::borrow::Borrow::borrow);
+    sqlx::query(
+        "INSERT INTO deliveries (delivery_id, event_id, sub_id, event_type, destination_host, \
+         state, attempt, next_attempt_at, created_at, window_start, updated_at, retain_from) \
+         SELECT u.delivery_id, $1, u.sub_id, $2, u.host, 'pending', 0, now(), now(), now(), now(), now() \
+         FROM unnest($3::uuid[], $4::uuid[], $5::text[]) AS u(delivery_id, sub_id, host)",
+    )
+    .bind(event.id.as_uuid())
+    .bind(event.event_type.as_str())
+    .bind(all().map(|d: &NewDelivery| *d.id.as_uuid()).collect::<Vec<_>>())
+    .bind(all().map(|d: &NewDelivery| *d.sub_id.as_uuid()).collect::<Vec<_>>())
+    .bind(
+        all()
+            .map(|d: &NewDelivery| d.destination_host.as_str())
+            .collect::<Vec<_>>(),
+    )
+    .execute(&mut **tx)
+    .await
+    .map_err(map)?;
+    Ok(())
+}
+
+/// Accepts a batch in `tx`, all or nothing: the fast path of
+/// [`Store::accept_events`]. Two statements whatever the batch's size: one
+/// INSERT of every event (the idempotency check is its `ON CONFLICT`) and
+/// one of every delivery, both from arrays (`unnest`), so no bound-parameter
+/// limit applies; plus one lookup, only when some key was taken already.
+/// An error leaves the transaction aborted: the caller must drop it.
+async fn insert_events(
+    tx: &mut Transaction<'_, Postgres>,
+    batch: &[(NewEvent, Vec<NewDelivery>)],
+    fanout: LazyFanout,
+) -> Result<Vec<Result<Accepted>>> {
+    // An event whose key an earlier event of the batch holds is that
+    // event's duplicate, whatever becomes of the earlier one here: it
+    // never reaches the INSERT. `first[i]`: the index of the first event
+    // of the batch with event i's key.
+    let mut first_with_key: HashMap<&str, usize> = HashMap::new();
+    let first: Vec<usize> = batch
+        .iter()
+        .enumerate()
+        .map(|(i, (e, _))| match e.idempotency_key.as_deref() {
+            Some(key) => *first_with_key.entry(key).or_insert(i),
+            None => i,
+        })
+        .collect();
+    let candidates: Vec<&NewEvent> = batch
+        .iter()
+        .zip(&first)
+        .enumerate()
+        .filter(|(i, (_, f))| i == *f)
+        .map(|(_, ((e, _), _))| e)
+        .collect();
+    // Rows go in in key order, so two batches that share keys take their
+    // locks on them in one order and never deadlock: a later one waits
+    // (ON CONFLICT waits for the holder of a key to commit or roll back),
+    // then skips the key, exactly as `accept_event` does.
+    let inserted: Vec<Uuid> = sqlx::query_scalar(
+        "INSERT INTO events (event_id, type, payload, idempotency_key, customer_id) \
+         SELECT u.event_id, u.type, u.payload, u.idempotency_key, u.customer_id \
+         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[]) \
+           AS u(event_id, type, payload, idempotency_key, customer_id) \
+         ORDER BY u.idempotency_key \
+         ON CONFLICT (idempotency_key) DO NOTHING RETURNING event_id",
+    )
+    .bind(uuids(candidates.iter().copied(), |e| *e.id.as_uuid()))
+    .bind(
+        candidates
+            .iter()
+            .map(|e| e.event_type.as_str())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        candidates
+            .iter()
+            .map(|e| e.payload.as_str())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        candidates
+            .iter()
+            .map(|e| e.idempotency_key.as_deref())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        candidates
+            .iter()
+            .map(|e| e.customer_id.as_ref().map(CustomerId::as_str))
+            .collect::<Vec<_>>(),
+    )
+    .fetch_all(&mut **tx)
+    .await
+    .map_err(map)?;
+    let inserted: std::collections::HashSet<Uuid> = inserted.into_iter().collect();
+    // Keys that were taken already (or by a concurrent ingest that
+    // committed first): one lookup for all of them.
+    let taken_keys: Vec<&str> = candidates
+        .iter()
+        .filter(|e| !inserted.contains(e.id.as_uuid()))
+        .filter_map(|e| e.idempotency_key.as_deref())
+        .collect();
+    let mut holders: HashMap<String, Uuid> = HashMap::new();
+    if !taken_keys.is_empty() {
+        let rows: Vec<(String, Uuid)> = sqlx::query_as(
+            "SELECT idempotency_key, event_id FROM events WHERE idempotency_key = ANY($1)",
+        )
+        .bind(&taken_keys)
+        .fetch_all(&mut **tx)
+        .await
+        .map_err(map)?;
+        holders.extend(rows);
+    }
+    let mut results = Vec::with_capacity(batch.len());
+    let (mut d_ids, mut d_events, mut d_subs, mut d_types, mut d_hosts) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // Events over the threshold get a fan-out job instead of their rows.
+    let mut lazy: Vec<(&NewEvent, &[NewDelivery])> = Vec::new();
+    for (i, ((event, deliveries), &f)) in batch.iter().zip(&first).enumerate() {
+        // The first event of the batch with this event's key (itself when
+        // it is the first, or has no key).
+        let head = &batch[f].0;
+        let result = if inserted.contains(head.id.as_uuid()) {
+            if i == f && fanout.is_lazy(deliveries.len()) {
+                lazy.push((event, deliveries));
+                Ok(Accepted {
+                    event_id: event.id,
+                    duplicate: false,
+                })
+            } else if i == f {
+                for d in deliveries {
+                    d_ids.push(*d.id.as_uuid());
+                    d_events.push(*event.id.as_uuid());
+                    d_subs.push(*d.sub_id.as_uuid());
+                    d_types.push(event.event_type.as_str());
+                    d_hosts.push(d.destination_host.as_str());
+                }
+                Ok(Accepted {
+                    event_id: event.id,
+                    duplicate: false,
+                })
+            } else {
+                Ok(Accepted {
+                    event_id: head.id,
+                    duplicate: true,
+                })
+            }
+        } else {
+            match head.idempotency_key.as_deref().and_then(|k| holders.get(k)) {
+                Some(&id) => Ok(Accepted {
+                    event_id: EventId::from_uuid(id),
+                    duplicate: true,
+                }),
+                // Only possible if the holder of the key was deleted
+                // between the two statements.
+                None => Err(StoreError::Conflict(
+                    "idempotency key is being reused".into(),
+                )),
+            }
+        };
+        results.push(result);
+    }
+    if !d_ids.is_empty() {
+        // One now() for the whole transaction: every delivery of the batch
+        // goes to one day partition, which is what keeps (event_id, sub_id)
+        // unique.
+        sqlx::query(
+            "INSERT INTO deliveries (delivery_id, event_id, sub_id, event_type, destination_host, \
+             state, attempt, next_attempt_at, created_at, window_start, updated_at, retain_from) \
+             SELECT u.delivery_id, u.event_id, u.sub_id, u.event_type, u.host, 'pending', 0, \
+                    now(), now(), now(), now(), now() \
+             FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[]) \
+               AS u(delivery_id, event_id, sub_id, event_type, host)",
+        )
+        .bind(d_ids)
+        .bind(d_events)
+        .bind(d_subs)
+        .bind(d_types)
+        .bind(d_hosts)
+        .execute(&mut **tx)
+        .await
+        .map_err(map)?;
+    }
+    for (event, deliveries) in lazy {
+        crate::fanout::write_job(tx, event, deliveries, fanout).await?;
+    }
+    Ok(results)
+}
+
+/// Whether `e` is the failure of one event's rows (a constraint it breaks:
+/// an unknown subscription, a repeated (event, subscription) pair, a reused
+/// id) rather than of the store. A missing day partition is the store's
+/// (`with_partitions` creates it and runs the whole call again).
+fn is_event_error(e: &StoreError) -> bool {
+    match e {
+        StoreError::Conflict(_) => true,
+        StoreError::Backend(source) if !is_missing_partition(e) => matches!(
+            source.downcast_ref::<sqlx::Error>(),
+            Some(sqlx::Error::Database(db)) if !matches!(db.kind(), sqlx::error::ErrorKind::Other)
+        ),
+        _ => false,
+    }
+}
+
+/// [`Store::accept_events`] after the fast path failed for one of the
+/// events: each event in a savepoint of one transaction, in input order,
+/// exactly as `accept_event`, so the event at fault gets its error and is
+/// rolled back alone.
+async fn insert_events_one_by_one(
+    tx: &mut Transaction<'_, Postgres>,
+    batch: &[(NewEvent, Vec<NewDelivery>)],
+    fanout: LazyFanout,
+) -> Result<Vec<Result<Accepted>>> {
+    let mut results = Vec::with_capacity(batch.len());
+    for (event, deliveries) in batch {
+        sqlx::query("SAVEPOINT accept_one")
+            .execute(&mut **tx)
+            .await
+            .map_err(map)?;
+        let res = insert_event(tx, event, deliveries, fanout).await;
+        let undo = match res {
+            Ok(accepted) => accepted.duplicate,
+            Err(ref e) if is_event_error(e) => true,
+            // The store failed: the whole call fails.
+            Err(e) => return Err(e),
+        };
+        if undo {
+            sqlx::query("ROLLBACK TO SAVEPOINT accept_one")
+                .execute(&mut **tx)
+                .await
+                .map_err(map)?;
+        }
+        sqlx::query("RELEASE SAVEPOINT accept_one")
+            .execute(&mut **tx)
+            .await
+            .map_err(map)?;
+        results.push(res);
+    }
+    Ok(results)
 }
 
 #[async_trait]
@@ -584,6 +824,15 @@ impl Store for PgStore {
     async fn delete_subscription(&self, id: &SubscriptionId) -> Result<()> {
         self.bounded(async {
             let mut tx = begin(self).await?;
+            // FOR UPDATE, stronger than the UPDATE's own lock: it waits for
+            // a fan-out batch that holds the row KEY SHARE (and is writing
+            // deliveries of it) to commit, so the UPDATE of deliveries below
+            // sees that batch's rows; a batch after it sees `deleted`.
+            sqlx::query("SELECT 1 FROM subscriptions WHERE sub_id = $1 FOR UPDATE")
+                .bind(id.as_uuid())
+                .execute(&mut *tx)
+                .await
+                .map_err(map)?;
             let deleted = sqlx::query(
                 "UPDATE subscriptions SET state = 'deleted', updated_at = now() \
                  WHERE sub_id = $1 AND state <> 'deleted'",
@@ -709,12 +958,40 @@ impl Store for PgStore {
         let (event, deliveries) = (&event, &deliveries);
         self.bounded(with_partitions(self, || async move {
             let mut tx = begin(self).await?;
-            let accepted = insert_event(&mut tx, event, deliveries).await?;
+            let accepted = insert_event(&mut tx, event, deliveries, self.fanout).await?;
             if !accepted.duplicate {
                 commit(tx).await?;
             }
             // A duplicate wrote nothing; the rollback on drop is a no-op.
             Ok(accepted)
+        }))
+        .await
+    }
+
+    async fn accept_events(
+        &self,
+        batch: Vec<(NewEvent, Vec<NewDelivery>)>,
+    ) -> Result<Vec<Result<Accepted>>> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let batch = &batch;
+        self.bounded(with_partitions(self, || async move {
+            let mut tx = begin(self).await?;
+            match insert_events(&mut tx, batch, self.fanout).await {
+                Ok(results) => {
+                    commit(tx).await?;
+                    return Ok(results);
+                }
+                // One event is at fault, and PostgreSQL does not say which:
+                // start over, one event at a time (rare: a bug, not load).
+                Err(e) if is_event_error(&e) => drop(tx),
+                Err(e) => return Err(e),
+            }
+            let mut tx = begin(self).await?;
+            let results = insert_events_one_by_one(&mut tx, batch, self.fanout).await?;
+            commit(tx).await?;
+            Ok(results)
         }))
         .await
     }
@@ -735,43 +1012,61 @@ impl Store for PgStore {
         .await
     }
 
+    async fn materialize_fanout(&self) -> Result<Option<hookd_store::FanoutStep>> {
+        crate::fanout::materialize(self).await
+    }
+
+    async fn fanout_backlog(&self) -> Result<hookd_store::FanoutBacklog> {
+        crate::fanout::backlog(self).await
+    }
+
     // --- dispatch ------------------------------------------------------------
 
     async fn due_destinations(&self, limit: u32) -> Result<Vec<DueDestination>> {
         self.bounded(async {
-            // One statement: group claimable rows by (host, subscription),
-            // pick the `limit` most overdue hosts from those groups, and
-            // return every group of those hosts, host by host. The limit is
-            // on hosts, so it sits on the `hosts` CTE, never on the rows.
-            // Work blocked behind an ordered head is left out: the
-            // dispatcher would claim nothing for it. Each group carries its
-            // subscription's `rate_limit` and `max_concurrency`: one value
-            // each per subscription, so grouping by them too splits nothing.
-            let rows = sqlx::query(concat!(
-                "WITH subs AS ( \
-                     SELECT d.destination_host AS host, d.sub_id, \
-                            min(d.next_attempt_at) AS oldest, max(d.next_attempt_at) AS newest, \
-                            s.rate_limit, s.max_concurrency \
-                     FROM deliveries d JOIN subscriptions s ON s.sub_id = d.sub_id \
-                     WHERE ",
-                claimable!(),
-                " GROUP BY d.destination_host, d.sub_id, s.rate_limit, s.max_concurrency \
-                 ), hosts AS ( \
-                     SELECT host, min(oldest) AS oldest FROM subs \
-                     GROUP BY host ORDER BY min(oldest), host LIMIT $1 \
-                 ) \
-                 SELECT subs.host, subs.sub_id, subs.oldest, subs.newest, subs.rate_limit, \
-                        subs.max_concurrency \
-                 FROM subs JOIN hosts ON hosts.host = subs.host \
-                 ORDER BY hosts.oldest, hosts.host, subs.oldest, subs.sub_id"
-            ))
-            .bind(i64::from(limit))
+            // One row per active subscription with claimable work, found by
+            // index seeks per subscription rather than by grouping every
+            // pending row, so the cost follows the number of subscriptions,
+            // not the backlog. Unordered subscriptions: their oldest and
+            // newest due rows (`deliveries_due_sub`), at the oldest one's
+            // host. Ordered ones: only the head (smallest unfinished id,
+            // `deliveries_unfinished`) can be claimable, and only when it is
+            // pending and due and nothing of the subscription is in flight —
+            // `not_blocked_by_order!`'s rule. Sorted and grouped here.
+            let rows = sqlx::query(
+                "SELECT f.destination_host AS host, s.sub_id, f.next_attempt_at AS oldest, \
+                        n.next_attempt_at AS newest, s.rate_limit, s.max_concurrency, \
+                        f.delivery_id AS first_id \
+                 FROM subscriptions s \
+                 CROSS JOIN LATERAL ( \
+                     SELECT d.destination_host, d.next_attempt_at, d.delivery_id FROM deliveries d \
+                     WHERE d.sub_id = s.sub_id AND d.state = 'pending' AND d.next_attempt_at <= now() \
+                     ORDER BY d.next_attempt_at LIMIT 1) f \
+                 CROSS JOIN LATERAL ( \
+                     SELECT d.next_attempt_at FROM deliveries d \
+                     WHERE d.sub_id = s.sub_id AND d.state = 'pending' AND d.next_attempt_at <= now() \
+                     ORDER BY d.next_attempt_at DESC LIMIT 1) n \
+                 WHERE s.state = 'active' AND NOT s.ordered \
+                 UNION ALL \
+                 SELECT h.destination_host, s.sub_id, h.next_attempt_at, h.next_attempt_at, \
+                        s.rate_limit, s.max_concurrency, h.delivery_id \
+                 FROM subscriptions s \
+                 CROSS JOIN LATERAL ( \
+                     SELECT x.destination_host, x.next_attempt_at, x.delivery_id, x.state FROM deliveries x \
+                     WHERE x.sub_id = s.sub_id AND x.state IN ('pending', 'inflight') \
+                     ORDER BY x.delivery_id LIMIT 1) h \
+                 WHERE s.state = 'active' AND s.ordered AND h.state = 'pending' \
+                   AND h.next_attempt_at <= now() \
+                   AND NOT EXISTS (SELECT 1 FROM deliveries y WHERE y.sub_id = s.sub_id \
+                                   AND y.state IN ('pending', 'inflight') AND y.state = 'inflight')",
+            )
             .fetch_all(&self.pool)
             .await
             .map_err(map)?;
-            let mut due: Vec<DueDestination> = Vec::new();
+            let mut listed = Vec::with_capacity(rows.len());
             for row in &rows {
                 let host: String = row.try_get("host").map_err(map)?;
+                let first_id: Uuid = row.try_get("first_id").map_err(map)?;
                 let sub = DueSubscription {
                     sub_id: SubscriptionId::from_uuid(row.try_get("sub_id").map_err(map)?),
                     oldest_due_at: row.try_get("oldest").map_err(map)?,
@@ -781,15 +1076,15 @@ impl Store for PgStore {
                         row.try_get("max_concurrency").map_err(map)?,
                     )?,
                 };
-                match due.last_mut() {
-                    Some(last) if last.host == host => last.subscriptions.push(sub),
-                    _ => due.push(DueDestination {
-                        host,
-                        subscriptions: vec![sub],
-                    }),
-                }
+                listed.push((host, first_id, sub));
             }
-            Ok(due)
+            // Most overdue first; ties go to the oldest delivery's id
+            // (UUIDv7: created first), so the order is stable.
+            listed.sort_by_key(|l| (l.2.oldest_due_at, l.1));
+            Ok(hookd_store::group_due_by_host(
+                listed.into_iter().map(|(host, _, sub)| (host, sub)),
+                limit,
+            ))
         })
         .await
     }
@@ -839,6 +1134,44 @@ impl Store for PgStore {
                 .collect()
         })
         .await
+    }
+
+    async fn claim_many(&self, reqs: &[ClaimRequest]) -> Result<Vec<Vec<ClaimedDelivery>>> {
+        // Each claim is one autocommit statement and `SKIP LOCKED` keeps
+        // concurrent ones apart, so a pass's claims run a few at a time on
+        // the pool instead of one round trip after another. Requests that
+        // could take the same rows (those of one host) run one after
+        // another, in the order given, so the earlier one gets first pick,
+        // as the contract says.
+        use futures::{StreamExt as _, TryStreamExt as _};
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        let mut group_of: HashMap<&str, usize> = HashMap::new();
+        for (i, req) in reqs.iter().enumerate() {
+            let g = *group_of.entry(req.destination.as_str()).or_insert_with(|| {
+                groups.push(Vec::new());
+                groups.len() - 1
+            });
+            groups[g].push(i);
+        }
+        let runs: Vec<_> = groups
+            .into_iter()
+            .map(|group| async move {
+                let mut out = Vec::with_capacity(group.len());
+                for i in group {
+                    out.push((i, self.claim_due(&reqs[i]).await?));
+                }
+                Ok::<_, StoreError>(out)
+            })
+            .collect();
+        let done: Vec<Vec<(usize, Vec<ClaimedDelivery>)>> = futures::stream::iter(runs)
+            .buffer_unordered(CLAIMS_AT_ONCE)
+            .try_collect()
+            .await?;
+        let mut out: Vec<Vec<ClaimedDelivery>> = vec![Vec::new(); reqs.len()];
+        for (i, claimed) in done.into_iter().flatten() {
+            out[i] = claimed;
+        }
+        Ok(out)
     }
 
     async fn record_attempt(&self, record: AttemptRecord) -> Result<RecordOutcome> {
@@ -1445,7 +1778,7 @@ impl Store for PgStore {
                 return Ok(false);
             }
             if let Some(notice) = &notice {
-                insert_event(&mut tx, &notice.event, &notice.deliveries).await?;
+                insert_event(&mut tx, &notice.event, &notice.deliveries, self.fanout).await?;
             }
             if kind == SignalKind::Disabled && state == "active" {
                 sqlx::query("UPDATE subscriptions SET state = 'disabled', updated_at = now() WHERE sub_id = $1")
@@ -1607,5 +1940,22 @@ impl Store for PgStore {
             row.try_get("found").map_err(map)
         })
         .await
+    }
+
+    async fn heartbeat(
+        &self,
+        node: &hookd_store::NodeHeartbeat,
+        live_within: Duration,
+    ) -> Result<u32> {
+        self.bounded(crate::nodes::heartbeat(self, node, live_within))
+            .await
+    }
+
+    async fn forget_node(&self, node_id: &str) -> Result<bool> {
+        self.bounded(crate::nodes::forget(self, node_id)).await
+    }
+
+    async fn nodes(&self) -> Result<Vec<hookd_store::NodeInfo>> {
+        self.bounded(crate::nodes::list(self)).await
     }
 }

@@ -659,6 +659,44 @@ async fn ingest_creates_a_missing_day_partition() {
     f.finish().await;
 }
 
+/// The same for a batch ([`Store::accept_events`]): the partition is
+/// created and the whole batch is accepted.
+#[tokio::test]
+async fn a_batch_ingest_creates_a_missing_day_partition() {
+    let Some(mut f) = fixture().await else { return };
+    let sub = f
+        .store
+        .create_subscription(new_sub("missing.example", None))
+        .await
+        .unwrap();
+    let today = suffix(f.today().await);
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP TABLE attempts_p{today}; DROP TABLE deliveries_p{today}"
+    )))
+    .execute(&mut f.conn)
+    .await
+    .unwrap();
+    let batch: Vec<_> = (0..3)
+        .map(|_| {
+            let d = NewDelivery {
+                id: DeliveryId::new(),
+                sub_id: sub.id,
+                destination_host: sub.url.host().to_owned(),
+            };
+            (new_event("order.created", None), vec![d])
+        })
+        .collect();
+    let results = f.store.accept_events(batch.clone()).await.unwrap();
+    for (res, (event, deliveries)) in results.into_iter().zip(&batch) {
+        assert_eq!(res.unwrap().event_id, event.id);
+        assert_eq!(
+            f.partitions_of(&deliveries[0].id).await.0,
+            format!("deliveries_p{today}")
+        );
+    }
+    f.finish().await;
+}
+
 /// A long transaction reading deliveries holds the drop off: the pass gives
 /// up waiting for its lock after a short lock_timeout (rather than queueing
 /// every other statement behind it for long), rolls the fold back and says

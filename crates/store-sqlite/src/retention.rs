@@ -289,11 +289,14 @@ pub(crate) async fn enforce(
     .map_err(from_sqlx)?
     .rows_affected();
     // Events no delivery refers to (the UNIQUE (event_id, sub_id) index
-    // answers "does any?").
+    // answers "does any?") and no unfinished fan-out job will (a finished
+    // job goes with its event).
     let events = sqlx::query(
         "DELETE FROM events WHERE event_id IN ( \
              SELECT e.event_id FROM events e WHERE e.created_at < ?1 \
              AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = e.event_id) \
+             AND NOT EXISTS (SELECT 1 FROM fanout_jobs j \
+                 WHERE j.event_id = e.event_id AND j.finished_at IS NULL) \
              ORDER BY e.created_at LIMIT ?2)",
     )
     .bind(to_ms(policy.events_before))

@@ -62,7 +62,14 @@ pub(crate) async fn raise(
     if let Some(notice) = notice {
         // Exactly as accept_event: a key already taken writes nothing, yet
         // the signal is raised.
-        ingest::accept_in(&mut tx, now, &notice.event, &notice.deliveries).await?;
+        ingest::accept_in(
+            &mut tx,
+            now,
+            &notice.event,
+            &notice.deliveries,
+            store.fanout,
+        )
+        .await?;
     }
     tx.commit().await.map_err(from_sqlx)?;
     Ok(true)

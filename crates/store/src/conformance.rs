@@ -20,6 +20,9 @@ use hookd_domain::{CustomerId, DeliveryId, EventId, JobId, SubscriptionId, Times
 
 use crate::*;
 
+mod fanout;
+pub use fanout::*;
+
 /// A fresh store for one test, and whatever keeps its database alive.
 pub struct TestStore {
     /// The store under test.
@@ -52,7 +55,13 @@ macro_rules! conformance_tests {
             accept_event_is_all_or_nothing,
             a_repeated_idempotency_key_returns_the_same_event_and_writes_nothing,
             concurrent_duplicate_ingests_create_exactly_one_event,
+            accept_events_commits_every_event_and_delivery_of_a_batch,
+            accept_events_treats_a_key_taken_before_or_earlier_in_the_batch_as_a_duplicate,
+            accept_events_fails_only_the_event_at_fault,
+            accept_events_answers_in_input_order,
+            concurrent_batches_with_one_key_create_exactly_one_event,
             claims_take_due_deliveries_of_one_destination_oldest_first,
+            claim_many_claims_for_every_request_in_order_and_nothing_twice,
             claimed_deliveries_are_not_claimed_again_while_leased,
             concurrent_claimers_never_share_a_delivery,
             expired_lease_is_claimable_again,
@@ -115,6 +124,14 @@ macro_rules! conformance_tests {
             retention_removes_finished_deliveries_and_folds_their_attempts_into_the_rollup,
             retention_never_removes_unfinished_deliveries_or_the_events_they_need,
             retention_in_small_batches_says_when_more_is_due,
+            an_event_over_the_lazy_fanout_threshold_commits_a_job_instead_of_its_deliveries,
+            materializing_a_fanout_job_creates_each_planned_delivery_once_in_batches,
+            concurrent_materializers_never_create_a_delivery_twice,
+            a_lazy_fanout_writes_ordered_deliveries_at_once_and_follows_subscription_changes,
+            retention_keeps_the_event_of_an_unfinished_fanout_job,
+            a_batch_of_events_fans_out_lazily_only_the_ones_over_the_threshold,
+            heartbeats_count_the_live_nodes_that_deliver,
+            heartbeats_forget_nodes_that_stopped,
         );
     };
     (@each $make:path; $($name:ident),* $(,)?) => {
@@ -942,6 +959,358 @@ pub async fn concurrent_duplicate_ingests_create_exactly_one_event(store: Arc<dy
     assert_eq!(all.len(), 1, "exactly one delivery");
 }
 
+// --- ingest in batches (group commit) ------------------------------------------
+
+/// An event and its deliveries, as `accept_events` takes them.
+type Ingest = (NewEvent, Vec<NewDelivery>);
+
+/// How many deliveries `sub` has.
+async fn deliveries_of(store: &Arc<dyn Store>, sub: &SubscriptionId) -> usize {
+    store
+        .list_deliveries(&DeliveryQuery {
+            sub_id: Some(*sub),
+            limit: 1000,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .len()
+}
+
+pub async fn accept_events_commits_every_event_and_delivery_of_a_batch(store: Arc<dyn Store>) {
+    let a = store
+        .create_subscription(new_sub("a.example", None))
+        .await
+        .unwrap();
+    let b = store
+        .create_subscription(new_sub("b.example", None))
+        .await
+        .unwrap();
+    let mut keyed = new_event("invoice.paid", Some("batch-key"));
+    keyed.customer_id = Some(CustomerId::parse("acme").unwrap());
+    keyed.payload = r#"{"amount": 12.5}"#.to_owned();
+    let batch: Vec<Ingest> = vec![
+        (
+            new_event("order.created", None),
+            vec![delivery_to(&a), delivery_to(&b)],
+        ),
+        (new_event("nobody.cares", None), vec![]),
+        (keyed.clone(), vec![delivery_to(&b)]),
+    ];
+    let results = store.accept_events(batch.clone()).await.unwrap();
+    assert_eq!(results.len(), 3);
+    for (res, (event, deliveries)) in results.iter().zip(&batch) {
+        assert_eq!(
+            res.as_ref().unwrap(),
+            &Accepted {
+                event_id: event.id,
+                duplicate: false
+            }
+        );
+        assert!(event_exists(&store, &event.id).await);
+        for d in deliveries {
+            let got = store.get_delivery(&d.id).await.unwrap().delivery;
+            assert_eq!(got.event_id, event.id);
+            assert_eq!(got.sub_id, d.sub_id);
+            assert_eq!(got.state, DeliveryState::Pending);
+            assert_eq!(got.attempt, 0);
+            assert_eq!(got.event_type, event.event_type);
+            assert_eq!(got.destination_host, d.destination_host);
+        }
+    }
+    let got = store.get_event(&keyed.id).await.unwrap();
+    assert_eq!(got.payload, keyed.payload, "payload is kept byte for byte");
+    assert_eq!(got.idempotency_key.as_deref(), Some("batch-key"));
+    assert_eq!(got.customer_id, keyed.customer_id);
+    assert_eq!(deliveries_of(&store, &a.id).await, 1);
+    assert_eq!(deliveries_of(&store, &b.id).await, 2);
+    // Its deliveries are claimable at once, as accept_event's are.
+    assert_eq!(claim_ids(&store, "b.example").await.len(), 2);
+
+    // An empty batch writes nothing and answers nothing.
+    assert!(store.accept_events(vec![]).await.unwrap().is_empty());
+}
+
+pub async fn accept_events_treats_a_key_taken_before_or_earlier_in_the_batch_as_a_duplicate(
+    store: Arc<dyn Store>,
+) {
+    let a = store
+        .create_subscription(new_sub("a.example", None))
+        .await
+        .unwrap();
+    let before = store
+        .accept_event(new_event("x.y", Some("taken")), vec![delivery_to(&a)])
+        .await
+        .unwrap();
+    let batch: Vec<Ingest> = vec![
+        (new_event("x.y", Some("taken")), vec![delivery_to(&a)]),
+        (new_event("x.y", Some("fresh")), vec![delivery_to(&a)]),
+        (new_event("x.y", Some("fresh")), vec![delivery_to(&a)]),
+        (new_event("x.y", None), vec![delivery_to(&a)]),
+        (new_event("x.y", Some("taken")), vec![delivery_to(&a)]),
+    ];
+    let results: Vec<Accepted> = store
+        .accept_events(batch.clone())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let id = |i: usize| batch[i].0.id;
+    assert_eq!(
+        results,
+        vec![
+            Accepted {
+                event_id: before.event_id,
+                duplicate: true
+            },
+            Accepted {
+                event_id: id(1),
+                duplicate: false
+            },
+            Accepted {
+                event_id: id(1),
+                duplicate: true
+            },
+            Accepted {
+                event_id: id(3),
+                duplicate: false
+            },
+            Accepted {
+                event_id: before.event_id,
+                duplicate: true
+            },
+        ]
+    );
+    // A duplicate wrote nothing: neither its event nor its deliveries.
+    for i in [0, 2, 4] {
+        assert!(!event_exists(&store, &id(i)).await);
+        assert!(!delivery_exists(&store, &batch[i].1[0].id).await);
+    }
+    for i in [1, 3] {
+        assert!(event_exists(&store, &id(i)).await);
+        assert!(delivery_exists(&store, &batch[i].1[0].id).await);
+    }
+    assert_eq!(deliveries_of(&store, &a.id).await, 3);
+    // The key the batch took is taken for a single ingest too.
+    let later = store
+        .accept_event(new_event("x.y", Some("fresh")), vec![delivery_to(&a)])
+        .await
+        .unwrap();
+    assert_eq!(
+        later,
+        Accepted {
+            event_id: id(1),
+            duplicate: true
+        }
+    );
+}
+
+pub async fn accept_events_fails_only_the_event_at_fault(store: Arc<dyn Store>) {
+    let a = store
+        .create_subscription(new_sub("a.example", None))
+        .await
+        .unwrap();
+    let b = store
+        .create_subscription(new_sub("b.example", None))
+        .await
+        .unwrap();
+    let ghost = || NewDelivery {
+        id: DeliveryId::new(),
+        sub_id: SubscriptionId::new(),
+        destination_host: "x".into(),
+    };
+    let repeated = delivery_to(&a);
+    let repeated_again = NewDelivery {
+        id: DeliveryId::new(),
+        ..repeated.clone()
+    };
+    let batch: Vec<Ingest> = vec![
+        (
+            new_event("x.y", None),
+            vec![delivery_to(&a), delivery_to(&b)],
+        ),
+        // A delivery to a subscription that does not exist.
+        (new_event("x.y", None), vec![delivery_to(&a), ghost()]),
+        // One subscription twice.
+        (new_event("x.y", None), vec![repeated, repeated_again]),
+        (new_event("x.y", Some("ok")), vec![delivery_to(&b)]),
+        // At fault while holding a key: the key stays free...
+        (
+            new_event("x.y", Some("freed")),
+            vec![delivery_to(&b), ghost()],
+        ),
+        // ...so the next event with it creates.
+        (new_event("x.y", Some("freed")), vec![delivery_to(&a)]),
+    ];
+    let results = store.accept_events(batch.clone()).await.unwrap();
+    assert_eq!(results.len(), batch.len());
+    for (i, (res, (event, deliveries))) in results.iter().zip(&batch).enumerate() {
+        let at_fault = [1, 2, 4].contains(&i);
+        if at_fault {
+            assert!(res.is_err(), "event {i} is at fault: {res:?}");
+        } else {
+            assert_eq!(
+                res.as_ref().unwrap(),
+                &Accepted {
+                    event_id: event.id,
+                    duplicate: false
+                },
+                "event {i} commits"
+            );
+        }
+        assert_eq!(
+            event_exists(&store, &event.id).await,
+            !at_fault,
+            "event {i}"
+        );
+        for d in deliveries {
+            assert_eq!(
+                delivery_exists(&store, &d.id).await,
+                !at_fault,
+                "a delivery of event {i}"
+            );
+        }
+    }
+    assert_eq!(deliveries_of(&store, &a.id).await, 2);
+    assert_eq!(deliveries_of(&store, &b.id).await, 2);
+}
+
+pub async fn accept_events_answers_in_input_order(store: Arc<dyn Store>) {
+    let subs = [
+        store
+            .create_subscription(new_sub("a.example", None))
+            .await
+            .unwrap(),
+        store
+            .create_subscription(new_sub("b.example", None))
+            .await
+            .unwrap(),
+        store
+            .create_subscription(new_sub("c.example", None))
+            .await
+            .unwrap(),
+    ];
+    // More events and deliveries than one INSERT statement takes, keys in
+    // no particular order (7919 is prime to n, so `i * 7919 % n` is unique
+    // per i), every fifth event repeating the key of the third before it.
+    let n = 1200;
+    let key_of = |i: usize| match i % 5 {
+        1 => None,
+        0 if i == 0 => None,
+        0 => Some(format!("key-{:04}", (i - 3) * 7919 % n)),
+        _ => Some(format!("key-{:04}", i * 7919 % n)),
+    };
+    let batch: Vec<Ingest> = (0..n)
+        .map(|i: usize| {
+            let deliveries = subs[..1 + i % 3].iter().map(delivery_to).collect();
+            (new_event("order.created", key_of(i).as_deref()), deliveries)
+        })
+        .collect();
+    let results: Vec<Accepted> = store
+        .accept_events(batch.clone())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(results.len(), n);
+    // The expected answer, worked out one event at a time.
+    let mut holder: std::collections::HashMap<&str, EventId> = Default::default();
+    let mut created = 0;
+    for (i, ((event, deliveries), res)) in batch.iter().zip(&results).enumerate() {
+        let expected = match event.idempotency_key.as_deref() {
+            Some(key) if holder.contains_key(key) => Accepted {
+                event_id: holder[key],
+                duplicate: true,
+            },
+            key => {
+                if let Some(key) = key {
+                    holder.insert(key, event.id);
+                }
+                created += deliveries.len();
+                Accepted {
+                    event_id: event.id,
+                    duplicate: false,
+                }
+            }
+        };
+        assert_eq!(*res, expected, "event {i}");
+    }
+    assert!(created > 1000, "the batch spans several INSERT statements");
+    let total: u64 = store
+        .backlogs()
+        .await
+        .unwrap()
+        .iter()
+        .map(|b| b.unfinished)
+        .sum();
+    assert_eq!(
+        total, created as u64,
+        "every new event's deliveries, no more"
+    );
+}
+
+pub async fn concurrent_batches_with_one_key_create_exactly_one_event(store: Arc<dyn Store>) {
+    let a = store
+        .create_subscription(new_sub("a.example", None))
+        .await
+        .unwrap();
+    // Every caller names "race"; the batches also share two more keys, in
+    // opposite orders, and single ingests join in.
+    let tasks: Vec<_> = (0..16)
+        .map(|i| {
+            let store = store.clone();
+            let a = a.clone();
+            tokio::spawn(async move {
+                if i % 4 == 3 {
+                    let acc = store
+                        .accept_event(new_event("x.y", Some("race")), vec![delivery_to(&a)])
+                        .await
+                        .unwrap();
+                    return vec![("race", acc)];
+                }
+                let mut keys = vec!["race", "shared-1", "shared-2"];
+                if i % 2 == 1 {
+                    keys.reverse();
+                }
+                let batch: Vec<Ingest> = keys
+                    .iter()
+                    .map(|k| (new_event("x.y", Some(k)), vec![delivery_to(&a)]))
+                    .collect();
+                let results = store.accept_events(batch).await.unwrap();
+                keys.into_iter()
+                    .zip(results.into_iter().map(Result::unwrap))
+                    .collect()
+            })
+        })
+        .collect();
+    let results: Vec<(&str, Accepted)> = futures::future::join_all(tasks)
+        .await
+        .into_iter()
+        .flat_map(|r| r.unwrap())
+        .collect();
+    for key in ["race", "shared-1", "shared-2"] {
+        let of_key: Vec<&Accepted> = results
+            .iter()
+            .filter(|(k, _)| *k == key)
+            .map(|(_, a)| a)
+            .collect();
+        let ids: HashSet<_> = of_key.iter().map(|a| a.event_id).collect();
+        assert_eq!(ids.len(), 1, "every caller gets one event id for {key}");
+        assert_eq!(
+            of_key.iter().filter(|a| !a.duplicate).count(),
+            1,
+            "exactly one caller created {key}"
+        );
+    }
+    assert_eq!(
+        deliveries_of(&store, &a.id).await,
+        3,
+        "one delivery per key"
+    );
+}
+
 // --- dispatch ------------------------------------------------------------------
 
 pub async fn claims_take_due_deliveries_of_one_destination_oldest_first(store: Arc<dyn Store>) {
@@ -1000,6 +1369,59 @@ pub async fn claims_take_due_deliveries_of_one_destination_oldest_first(store: A
             .len(),
         5
     );
+}
+
+pub async fn claim_many_claims_for_every_request_in_order_and_nothing_twice(store: Arc<dyn Store>) {
+    let a = store
+        .create_subscription(new_sub("a.example", None))
+        .await
+        .unwrap();
+    let b = store
+        .create_subscription(new_sub("b.example", None))
+        .await
+        .unwrap();
+    let mut a_ids = Vec::new();
+    let mut b_ids = Vec::new();
+    for _ in 0..5 {
+        let (_, ids) = ingest(&store, &[&a, &b]).await;
+        a_ids.push(ids[0]);
+        b_ids.push(ids[1]);
+    }
+    assert!(store.claim_many(&[]).await.unwrap().is_empty());
+    // Three requests: b newest first, a oldest first, and a again, which
+    // must get only what the first request for a left.
+    let got = store
+        .claim_many(&[
+            sub_claim_req(&b, ClaimOrder::NewestFirst, 2),
+            sub_claim_req(&a, ClaimOrder::OldestFirst, 3),
+            sub_claim_req(&a, ClaimOrder::OldestFirst, 10),
+        ])
+        .await
+        .unwrap();
+    let ids = |cs: &Vec<ClaimedDelivery>| cs.iter().map(|c| c.delivery.id).collect::<Vec<_>>();
+    assert_eq!(got.len(), 3, "one answer per request");
+    assert_eq!(ids(&got[0]), vec![b_ids[4], b_ids[3]], "newest first");
+    assert_eq!(ids(&got[1]), a_ids[..3], "oldest first");
+    assert_eq!(ids(&got[2]), a_ids[3..], "the rest, none twice");
+    for c in got.iter().flatten() {
+        assert_eq!(c.delivery.state, DeliveryState::Inflight);
+        assert_eq!(c.lease.delivery_id, c.delivery.id);
+        assert_eq!(c.event.id, c.delivery.event_id);
+        assert_eq!(c.subscription.id, c.delivery.sub_id);
+    }
+    // What was claimed is leased: nothing of a is left, three of b are.
+    assert!(
+        store
+            .claim_due(&claim_req("a.example", 10, LONG))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let rest = store
+        .claim_many(&[claim_req("b.example", 10, LONG)])
+        .await
+        .unwrap();
+    assert_eq!(ids(&rest[0]), b_ids[..3]);
 }
 
 pub async fn claimed_deliveries_are_not_claimed_again_while_leased(store: Arc<dyn Store>) {
@@ -4517,4 +4939,90 @@ pub async fn a_batch_moves_the_failing_streak_in_record_order(store: Arc<dyn Sto
         .await
         .unwrap();
     assert_eq!(failing(&store, began).await, [a.id]);
+}
+
+// --- nodes (heartbeats) ----------------------------------------------------------
+
+fn heartbeat_of(node_id: &str, role: NodeRole) -> NodeHeartbeat {
+    NodeHeartbeat {
+        node_id: node_id.to_owned(),
+        role,
+        started_at: chrono::DateTime::from_timestamp(1_700_000_000, 0).unwrap(),
+    }
+}
+
+pub async fn heartbeats_count_the_live_nodes_that_deliver(store: Arc<dyn Store>) {
+    let live = Duration::from_secs(60);
+    let beat = |id: &'static str, role| {
+        let store = store.clone();
+        async move {
+            store
+                .heartbeat(&heartbeat_of(id, role), live)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(beat("w1", NodeRole::Worker).await, 1, "itself");
+    assert_eq!(
+        beat("a1", NodeRole::Api).await,
+        1,
+        "an api node delivers nothing, so it does not count"
+    );
+    assert_eq!(beat("x1", NodeRole::All).await, 2, "an `all` node delivers");
+    assert_eq!(
+        beat("w1", NodeRole::Worker).await,
+        2,
+        "a node's next heartbeat is the same node"
+    );
+    assert_eq!(beat("w2", NodeRole::Worker).await, 3);
+    let nodes = store.nodes().await.unwrap();
+    let ids: Vec<_> = nodes.iter().map(|n| n.node_id.as_str()).collect();
+    assert_eq!(ids, ["a1", "w1", "w2", "x1"], "by node id");
+    assert_eq!(nodes[0].role, NodeRole::Api);
+    assert_eq!(nodes[3].role, NodeRole::All);
+    assert_eq!(
+        nodes[1].started_at,
+        heartbeat_of("w1", NodeRole::Worker).started_at
+    );
+    let now = chrono::Utc::now();
+    for n in &nodes {
+        assert!(
+            (now - n.last_seen).abs() < chrono::Duration::seconds(30),
+            "last_seen is the store's now: {n:?}"
+        );
+    }
+    // A node may change its role between restarts under one id.
+    assert_eq!(beat("w2", NodeRole::Api).await, 2);
+}
+
+pub async fn heartbeats_forget_nodes_that_stopped(store: Arc<dyn Store>) {
+    let stopped = heartbeat_of("stopped", NodeRole::Worker);
+    let running = heartbeat_of("running", NodeRole::Worker);
+    assert_eq!(
+        store
+            .heartbeat(&stopped, Duration::from_secs(60))
+            .await
+            .unwrap(),
+        1
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Judged with a live window of 100 ms, the node seen 300 ms ago is not
+    // live, but is remembered: it is forgotten after 10 windows (1 s).
+    let short = Duration::from_millis(100);
+    assert_eq!(store.heartbeat(&running, short).await.unwrap(), 1);
+    let ids = |nodes: Vec<NodeInfo>| nodes.into_iter().map(|n| n.node_id).collect::<Vec<_>>();
+    assert_eq!(ids(store.nodes().await.unwrap()), ["running", "stopped"]);
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    assert_eq!(store.heartbeat(&running, short).await.unwrap(), 1);
+    assert_eq!(
+        ids(store.nodes().await.unwrap()),
+        ["running"],
+        "a node not seen for 10 live windows is forgotten"
+    );
+    assert!(store.forget_node("running").await.unwrap());
+    assert!(
+        !store.forget_node("running").await.unwrap(),
+        "forgetting is idempotent"
+    );
+    assert!(store.nodes().await.unwrap().is_empty());
 }

@@ -19,6 +19,7 @@
 pub mod conformance;
 pub mod crypto;
 mod error;
+pub mod fanout;
 pub mod types;
 
 use std::time::Duration;
@@ -27,6 +28,7 @@ use async_trait::async_trait;
 use hookd_domain::{DeliveryId, EventId, JobId, SubscriptionId, Timestamp};
 
 pub use error::StoreError;
+pub use fanout::{FanoutBacklog, FanoutStep, LazyFanout};
 pub use types::*;
 
 /// Shorthand for store results.
@@ -128,11 +130,79 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     ///
     /// Deliveries are unique per (event, subscription). New deliveries are
     /// `pending`, due at once, with `attempt = 0`.
+    ///
+    /// **Lazy fan-out** (design §9.2): an event with more deliveries than
+    /// the store's [`LazyFanout::threshold`] commits, in the same
+    /// transaction, the event row and a *fan-out job* holding its planned
+    /// deliveries (their ids, made by the caller, included) instead of their
+    /// rows, except those of ordered subscriptions, which are written at
+    /// once so that no later event's delivery can overtake them. The
+    /// promise is the same: the job commits with the event, and
+    /// [`materialize_fanout`](Store::materialize_fanout) creates each planned
+    /// delivery exactly once, with the id planned here. Until then the
+    /// event's deliveries are not all listed.
     async fn accept_event(&self, event: NewEvent, deliveries: Vec<NewDelivery>)
     -> Result<Accepted>;
 
+    /// Accepts many events, each with its deliveries, in ONE transaction
+    /// (group commit: one commit, one WAL flush, for the whole batch), and
+    /// returns one result per event, in input order.
+    ///
+    /// Each event is accepted exactly as [`accept_event`](Store::accept_event)
+    /// would accept it, the events taken in input order: an event whose
+    /// idempotency key is already taken writes nothing and gets the existing
+    /// event's id with `duplicate: true`; of two events of the batch with one
+    /// key, the first creates and the second is its duplicate. This holds
+    /// under concurrency, against other batches and single ingests: of any
+    /// number of simultaneous calls naming one key, exactly one event is
+    /// created.
+    ///
+    /// An event that fails as `accept_event` would fail for it (a delivery
+    /// naming an unknown subscription, a repeated (event, subscription) pair,
+    /// a reused id) gets that error as its result and writes nothing (not its
+    /// event row, not any of its deliveries), and only it: the others commit.
+    /// If it held an idempotency key, the key stays free, so a later event of
+    /// the same batch with that key creates.
+    ///
+    /// A failure of the store itself (the connection is gone, the commit is
+    /// refused, a deadline passes) fails the whole call with `Err`, and
+    /// nothing of the batch is written; the caller may retry it whole. `Ok`
+    /// means every `Ok(Accepted)` in it is committed (durable as
+    /// `accept_event`'s). An empty batch writes nothing and returns nothing.
+    async fn accept_events(
+        &self,
+        batch: Vec<(NewEvent, Vec<NewDelivery>)>,
+    ) -> Result<Vec<Result<Accepted>>>;
+
     /// One event. `NotFound` if absent.
     async fn get_event(&self, id: &EventId) -> Result<Event>;
+
+    /// Moves one unfinished fan-out job on by one batch, in ONE transaction:
+    /// creates the batch's planned deliveries (each `pending`, due now,
+    /// `attempt = 0`, with the id planned at ingest), advances the job's
+    /// cursor, and finishes the job after its last batch. So a crash
+    /// between batches resumes at the cursor, and one inside a batch rolls
+    /// the whole batch back: no planned delivery is lost or created twice
+    /// (a delivery that exists already, by id or by (event, subscription),
+    /// is left as it is and not counted in `created`).
+    ///
+    /// A planned delivery whose subscription has been deleted meanwhile is
+    /// created `failed` with last_error "subscription deleted", as
+    /// [`delete_subscription`](Store::delete_subscription) would have left
+    /// it had it been written at ingest; one of a disabled subscription is
+    /// created `pending` and waits, as any of its deliveries does.
+    ///
+    /// Jobs are taken oldest first. Concurrent callers (in this or another
+    /// process) never move one job at once: on PostgreSQL a job in progress
+    /// is skipped (`FOR UPDATE SKIP LOCKED`), so callers share the jobs
+    /// without waiting; on SQLite each call is a write transaction.
+    /// `None` when no job was free to move on.
+    async fn materialize_fanout(&self) -> Result<Option<FanoutStep>>;
+
+    /// How many fan-out jobs are unfinished, and how many planned
+    /// deliveries they have yet to create. Cheap (an index of unfinished
+    /// jobs only), for a gauge.
+    async fn fanout_backlog(&self) -> Result<FanoutBacklog>;
 
     // --- dispatch ---------------------------------------------------------
 
@@ -144,7 +214,13 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// it is active and has a `pending` delivery with `next_attempt_at <= now`
     /// that is not blocked behind the head of an ordered subscription.
     /// Listing work that is blocked would send the dispatcher to claim
-    /// nothing, again and again, for as long as the head waits.
+    /// nothing, again and again, for as long as the head waits. A
+    /// subscription is listed once, at the host of its oldest claimable
+    /// delivery: after a URL change, its deliveries still bound for the old
+    /// host go first, then the new host's are listed.
+    ///
+    /// This runs on every dispatcher pass, so its cost must follow the
+    /// number of subscriptions, never the size of the backlog.
     ///
     /// The per-subscription split is what lets the dispatcher give each
     /// subscription with due work a fair share of its host's cap (R2), and
@@ -183,6 +259,23 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// nothing of that subscription. Other subscriptions on the same host
     /// are not held up.
     async fn claim_due(&self, req: &ClaimRequest) -> Result<Vec<ClaimedDelivery>>;
+
+    /// Claims for many requests at once, each exactly as
+    /// [`claim_due`](Store::claim_due) would, and returns what each claimed,
+    /// in the order of `reqs`. A delivery is claimed at most once per call
+    /// even if two requests could take it (the first does). This is how one
+    /// dispatcher pass claims for every destination it admitted: a backend
+    /// may do it in one transaction or concurrently, instead of one round
+    /// trip per request. On error nothing is claimed, or what was claimed
+    /// stays leased and comes back when its lease expires — the same as a
+    /// claimer that crashed. The default claims one request after another.
+    async fn claim_many(&self, reqs: &[ClaimRequest]) -> Result<Vec<Vec<ClaimedDelivery>>> {
+        let mut out = Vec::with_capacity(reqs.len());
+        for req in reqs {
+            out.push(self.claim_due(req).await?);
+        }
+        Ok(out)
+    }
 
     /// Records one attempt (an `attempts` row) and moves the delivery to its
     /// next state, in one transaction, only if `record.lease` is still the
@@ -385,4 +478,28 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// Whether an admin token (one with no customer) is stored.
     async fn has_admin_token(&self) -> Result<bool>;
+
+    // --- nodes (several hookd processes on one database) --------------------
+
+    /// Records that `node` is alive: inserts or updates its row (role,
+    /// `started_at`, and `last_seen` = now on the store's clock), forgets
+    /// (deletes) every node not seen for [`NODE_FORGET_FACTOR`] ×
+    /// `live_within`, and returns how many nodes that deliver
+    /// ([`NodeRole::delivers`]) were seen within `live_within` — this one
+    /// included if it delivers. One transaction; called every few seconds by
+    /// every node.
+    async fn heartbeat(&self, node: &NodeHeartbeat, live_within: Duration) -> Result<u32>;
+
+    /// Forgets one node at once (a graceful shutdown), so the others' share
+    /// of each destination grows without waiting for it to go stale. Whether
+    /// it was remembered.
+    async fn forget_node(&self, node_id: &str) -> Result<bool>;
+
+    /// Every node the store remembers, live or not, by node id.
+    async fn nodes(&self) -> Result<Vec<NodeInfo>>;
 }
+
+/// A node not seen for this many live windows is forgotten by the next
+/// [`Store::heartbeat`] (process ids change on every restart, so node ids
+/// would otherwise pile up).
+pub const NODE_FORGET_FACTOR: u32 = 10;

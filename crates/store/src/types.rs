@@ -752,3 +752,94 @@ impl StreakChange {
         }
     }
 }
+
+/// What a node of a deployment does (`hookd serve --role`). Several nodes
+/// share one PostgreSQL database; the store remembers each by its
+/// heartbeats ([`Store::heartbeat`](crate::Store::heartbeat)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NodeRole {
+    /// The HTTP API only: accepts events, delivers nothing.
+    Api,
+    /// The dispatcher and the background workers; no API.
+    Worker,
+    /// Both (the default, and the only role on SQLite).
+    All,
+}
+
+impl NodeRole {
+    /// How the role is stored and spelled on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Api => "api",
+            Self::Worker => "worker",
+            Self::All => "all",
+        }
+    }
+
+    /// Parses [`as_str`](Self::as_str)'s spelling.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "api" => Some(Self::Api),
+            "worker" => Some(Self::Worker),
+            "all" => Some(Self::All),
+            _ => None,
+        }
+    }
+
+    /// Whether the node delivers (runs a dispatcher): `worker` and `all`.
+    /// These are the nodes a destination's concurrency cap is divided among.
+    pub fn delivers(self) -> bool {
+        matches!(self, Self::Worker | Self::All)
+    }
+}
+
+/// One node's heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeHeartbeat {
+    /// The node's id: its dispatcher's `worker_id` (recorded on the
+    /// deliveries it claims).
+    pub node_id: String,
+    /// What it does.
+    pub role: NodeRole,
+    /// When the node started (its own clock; for people).
+    pub started_at: Timestamp,
+}
+
+/// A node the store remembers ([`Store::nodes`](crate::Store::nodes)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// The node's id.
+    pub node_id: String,
+    /// What it does.
+    pub role: NodeRole,
+    /// When it started.
+    pub started_at: Timestamp,
+    /// Its last heartbeat, on the store's clock.
+    pub last_seen: Timestamp,
+}
+
+/// Groups a due listing's subscriptions by host, for
+/// [`Store::due_destinations`](crate::Store::due_destinations): `rows` come
+/// most overdue first, so a host's first row places it and its
+/// subscriptions follow in their own order; at most `limit` hosts.
+pub fn group_due_by_host(
+    rows: impl IntoIterator<Item = (String, DueSubscription)>,
+    limit: u32,
+) -> Vec<DueDestination> {
+    let mut due: Vec<DueDestination> = Vec::new();
+    let mut at: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for (host, sub) in rows {
+        match at.get(&host) {
+            Some(&i) => due[i].subscriptions.push(sub),
+            None if due.len() < limit as usize => {
+                at.insert(host.clone(), due.len());
+                due.push(DueDestination {
+                    host,
+                    subscriptions: vec![sub],
+                });
+            }
+            None => {}
+        }
+    }
+    due
+}

@@ -14,6 +14,7 @@
 //! | recovery ramp (§7)       | [`ramp`]      | the flood when a host comes back        |
 //! | fair share (R2)          | [`share`]     | one subscription hogging a shared host  |
 //! | backlog floor (R4)       | [`share`]     | a backlog starved by new work           |
+//! | node share (issue 8)     | [`nodes`]     | N nodes each taking the whole cap       |
 //!
 //! (Layer 4, shard containment, is the store's.)
 //!
@@ -42,6 +43,7 @@
 //! `force_open`), not of `available`.
 
 pub mod breaker;
+pub mod nodes;
 pub mod ramp;
 pub mod rate;
 pub mod share;
@@ -53,6 +55,7 @@ use serde::Serialize;
 pub use breaker::{
     Allowance, BreakerConfig, CircuitBreaker, CircuitState, CircuitTransition, Ticket,
 };
+pub use nodes::node_share;
 pub use ramp::{Ramp, RampConfig, RampStep};
 pub use rate::{AdaptiveRate, PeriodStats, RateChange, RateConfig, TokenBucket};
 pub use share::{BACKLOG_FLOOR, BacklogInput, SubscriptionLoad, backlog_split, fair_share};

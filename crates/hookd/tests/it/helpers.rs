@@ -339,13 +339,20 @@ impl TestReceiver {
     /// A receiver on `ip` (e.g. "127.0.0.2": distinct addresses are distinct
     /// destination hosts), answering 200 until told otherwise.
     pub async fn start(ip: &str) -> Self {
+        Self::start_at(ip, 0).await
+    }
+
+    /// Like [`start`](Self::start), on `port` (0: any free one): receivers
+    /// on several addresses with one port can stand for one host name that
+    /// resolves differently on different nodes.
+    pub async fn start_at(ip: &str, port: u16) -> Self {
         let state = Arc::new(ReceiverState {
             received: Mutex::default(),
             script: Mutex::default(),
             default_status: AtomicU16::new(200),
             held: tokio::sync::watch::Sender::new(false),
         });
-        let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+        let listener = tokio::net::TcpListener::bind((ip, port)).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let st = state.clone();
         let app = axum::Router::new().fallback(move |headers: HeaderMap, body: Bytes| {
@@ -473,6 +480,11 @@ impl ServeProcess {
     /// (`HOOKD_FAILPOINTS`, e.g. `"dispatch.after_claim=exit"`), and waits
     /// until its API answers.
     pub async fn start(database: &str, failpoints: Option<&str>) -> Self {
+        Self::start_with_args(database, failpoints, &[]).await
+    }
+
+    /// Like [`start`](Self::start), with more `serve` flags (`--role`, …).
+    pub async fn start_with_args(database: &str, failpoints: Option<&str>, args: &[&str]) -> Self {
         // The port is found free and then bound by the child: another process
         // may take it in between, so a start that fails is tried again.
         for _ in 0..5 {
@@ -488,6 +500,7 @@ impl ServeProcess {
                 .args(["--database", database, "--listen", &addr.to_string()])
                 .args(["--lease", "3s", "--attempt-timeout", "2s"])
                 .args(["--lease-renewal", "1s", "--shutdown-grace", "1s"])
+                .args(args)
                 .env("HOOKD_ADMIN_TOKEN", PROCESS_TOKEN)
                 .env("HOOKD_ENCRYPTION_KEY", TEST_ENCRYPTION_KEY)
                 .env_remove("HOOKD_ENCRYPTION_KEY_PREVIOUS")
@@ -520,7 +533,8 @@ impl ServeProcess {
 
     /// Waits until the API answers (`true`) or the process exits (`false`).
     async fn ready(&mut self) -> bool {
-        let url = self.url("/subscriptions");
+        // Every role serves it (a worker node has no /subscriptions).
+        let url = self.url("/readyz");
         eventually("hookd serve to answer", || {
             let exited = self.child.try_wait().unwrap();
             let req = self.client.get(&url).bearer_auth(PROCESS_TOKEN).send();
