@@ -193,9 +193,16 @@ pub(crate) async fn claim_many(
                 later.push(i);
                 continue;
             }
+            // One statement marks its rows with one lease and one worker:
+            // a request asking for others waits for a round of its own.
+            let same_lease = round.first().is_none_or(|&f: &usize| {
+                reqs[f].lease == req.lease && reqs[f].worker_id == req.worker_id
+            });
             match req.subscription {
                 Some(sub)
-                    if round.len() < PICKS_PER_STATEMENT && seen.insert((host, *sub.as_uuid())) =>
+                    if round.len() < PICKS_PER_STATEMENT
+                        && same_lease
+                        && seen.insert((host, *sub.as_uuid())) =>
                 {
                     round.push(i)
                 }
