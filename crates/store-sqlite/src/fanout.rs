@@ -130,6 +130,18 @@ pub(crate) async fn write_job(
 /// one write transaction (so never two at once in this process, and the
 /// file lock keeps other processes out).
 pub(crate) async fn materialize(store: &SqliteStore) -> Result<Option<FanoutStep>> {
+    // The runner asks every 250 ms on every node; almost always there is no
+    // job. Asking a reader first keeps those calls off the one write lock
+    // that ingest, claims and records queue on. A job seen here is looked
+    // up again under the lock, which alone decides.
+    let any: Option<i64> =
+        sqlx::query_scalar("SELECT 1 FROM fanout_jobs WHERE finished_at IS NULL LIMIT 1")
+            .fetch_optional(&store.reader)
+            .await
+            .map_err(from_sqlx)?;
+    if any.is_none() {
+        return Ok(None);
+    }
     let now = now_ms();
     let mut tx = store.write().await?;
     let job: Option<(Uuid, i64, i64, String)> = sqlx::query_as(
