@@ -35,6 +35,7 @@ pub mod health;
 pub mod id;
 pub mod isolation;
 pub mod matching;
+pub mod placement;
 pub mod replay;
 pub mod retry;
 pub mod shedding;

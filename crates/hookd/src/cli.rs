@@ -43,6 +43,10 @@ enum Command {
     Deliveries(crate::manage::DeliveriesArgs),
     /// A subscription's health: circuit, success rate, lag, backlog, signals.
     Health(crate::manage::HealthArgs),
+    /// The shard map of a sharded PostgreSQL deployment: list it, or split
+    /// a hot destination host over the shards.
+    #[command(subcommand)]
+    Shards(crate::shards::ShardsCommand),
 }
 
 /// `hookd token …`.
@@ -112,6 +116,15 @@ impl From<Role> for hookd_store::NodeRole {
 pub struct ServeArgs {
     #[command(flatten)]
     db: DatabaseArgs,
+    /// A PostgreSQL database for deliveries (repeatable; the variable takes
+    /// a comma-separated list): deliveries are placed on the shards by
+    /// destination host, while --database becomes the control database
+    /// (events, subscriptions, tokens, nodes, the shard map). The first
+    /// node records the list there; later nodes may pass the same list, or
+    /// none (they read it), or the list with shards added at the end. It may
+    /// name --database itself. See docs/scaling.md.
+    #[arg(long = "shard", env = "HOOKD_SHARDS", value_delimiter = ',')]
+    shards: Vec<String>,
     /// What this node runs. `api` and `worker` need PostgreSQL; run any
     /// number of each against one database.
     #[arg(long, env = "HOOKD_ROLE", value_enum, default_value = "all")]
@@ -241,6 +254,10 @@ impl Cli {
             Command::Events(args) => crate::manage::events(args).await,
             Command::Deliveries(args) => crate::manage::deliveries(args).await,
             Command::Health(args) => crate::manage::health(args).await,
+            Command::Shards(command) => {
+                init_logging(LogFormat::Human);
+                crate::shards::run(command).await
+            }
         }
     }
 }
@@ -300,6 +317,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         "--monitor-every must be more than 0"
     );
     let mut config = AppConfig::new(args.db.database, dispatch);
+    config.shards = args.shards;
     config.allow_private_destinations = args.allow_private_destinations;
     config.allow_destination_cidrs = args.allow_destination_cidrs;
     if let Some(proxy) = args.outbound_proxy.filter(|p| !p.is_empty()) {
@@ -435,7 +453,7 @@ fn default_worker_id() -> String {
 }
 
 /// The URL without any password, for logs.
-fn redact_url(url: &str) -> String {
+pub(crate) fn redact_url(url: &str) -> String {
     match (url.find("://"), url.find('@')) {
         (Some(s), Some(at)) if at > s => format!("{}://…@{}", &url[..s], &url[at + 1..]),
         _ => url.to_owned(),

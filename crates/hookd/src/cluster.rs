@@ -10,7 +10,10 @@
 //!   `hookd_live_worker_nodes`. A node that stops heartbeating drops out of
 //!   the count within the live window (its claims come back when their
 //!   leases expire: `reclaim_expired`); one that shuts down gracefully
-//!   removes its row at once.
+//!   removes its row at once. Each heartbeat also reports the hosts whose
+//!   circuit is not closed on that node (an api node: none), so that a
+//!   hot-shard split can be refused while any live node sees a failure
+//!   ([`hookd_domain::isolation::split_refusal`], R5).
 //! - **Gossip**: a circuit that opens on a worker node is published with
 //!   `pg_notify` on the schema's channel (`hookd_circuit…`) as
 //!   `{host, node}`; every other worker node's listener adopts it
@@ -28,6 +31,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use hookd_dispatch::admission::Admission;
 use hookd_dispatch::gossip::CircuitGossip;
+use hookd_domain::isolation::CircuitState;
 use hookd_store::{NodeHeartbeat, Store};
 use hookd_store_postgres::PgStore;
 use hookd_store_postgres::gossip::{CircuitListener, CircuitOpened};
@@ -69,15 +73,35 @@ impl NodesConfig {
     }
 }
 
-/// Records one heartbeat; on success tells `admission` (a worker node's)
-/// and the gauge how many worker nodes are live. Returns the count.
+/// The hosts whose circuit is not closed (open or half-open) in
+/// `admission`, sorted: what a worker node's heartbeat reports.
+pub fn open_circuits(admission: &Admission) -> Vec<String> {
+    // `snapshots` is sorted by host already; sort anyway, it is the contract.
+    let mut hosts: Vec<String> = admission
+        .snapshots()
+        .into_iter()
+        .filter(|(_, s)| s.circuit_state != CircuitState::Closed)
+        .map(|(host, _)| host)
+        .collect();
+    hosts.sort();
+    hosts
+}
+
+/// Records one heartbeat, reporting the circuits not closed in `admission`
+/// now (a worker node's; an api node passes `None` and reports none); on
+/// success tells `admission` and the gauge how many worker nodes are live.
+/// Returns the count.
 pub async fn heartbeat_once(
     store: &dyn Store,
     node: &NodeHeartbeat,
     config: &NodesConfig,
     admission: Option<&Admission>,
 ) -> Option<u32> {
-    match store.heartbeat(node, config.live_within).await {
+    let node = NodeHeartbeat {
+        open_circuits: admission.map(open_circuits).unwrap_or_default(),
+        ..node.clone()
+    };
+    match store.heartbeat(&node, config.live_within).await {
         Ok(live) => {
             metrics::gauge!("hookd_live_worker_nodes").set(f64::from(live));
             if let Some(admission) = admission {
@@ -253,5 +277,69 @@ impl PgGossipDriver {
             () = listen => {}
         }
         store.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use hookd_domain::SystemClock;
+    use hookd_domain::isolation::AdmissionConfig;
+    use hookd_store::{DueDestination, NodeRole};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn each_heartbeat_reports_the_circuits_not_closed_now() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("hookd.db").display());
+        let store = crate::serve::open_store_with(&url, hookd_store::crypto::Keyring::ephemeral())
+            .await
+            .unwrap();
+        store.migrate().await.unwrap();
+        let admission = Admission::new(
+            AdmissionConfig::default(),
+            Duration::from_secs(60),
+            Arc::new(SystemClock),
+        );
+        // A host admission knows with its circuit closed, and two open ones.
+        admission.plan(
+            &DueDestination {
+                host: "up.example".into(),
+                subscriptions: Vec::new(),
+            },
+            10,
+        );
+        admission.force_open("b.example");
+        admission.force_open("a.example");
+        let node = NodeHeartbeat {
+            node_id: "w1".into(),
+            role: NodeRole::All,
+            started_at: chrono::Utc::now(),
+            open_circuits: vec!["stale.example".into()],
+        };
+        let config = NodesConfig::default();
+        let reported = |store: Arc<dyn Store>| async move {
+            let nodes = store.nodes().await.unwrap();
+            assert_eq!(nodes.len(), 1);
+            nodes[0].open_circuits.clone()
+        };
+
+        assert_eq!(
+            heartbeat_once(store.as_ref(), &node, &config, Some(&admission)).await,
+            Some(1)
+        );
+        assert_eq!(
+            reported(store.clone()).await,
+            ["a.example", "b.example"],
+            "the admission's, sorted, not the ones the node was built with"
+        );
+
+        // An api node (no admission) reports none.
+        let api = NodeHeartbeat {
+            role: NodeRole::Api,
+            ..node.clone()
+        };
+        heartbeat_once(store.as_ref(), &api, &config, None).await;
+        assert!(reported(store.clone()).await.is_empty());
     }
 }

@@ -15,8 +15,11 @@ pub mod maintenance;
 mod manage;
 mod replay;
 mod serve;
+mod shards;
 pub mod timed_store;
 
 pub use maintenance::RetentionConfig;
-pub use serve::{App, AppConfig, open_store, open_store_tuned, open_store_with};
+pub use serve::{
+    App, AppConfig, open_store, open_store_sharded, open_store_tuned, open_store_with,
+};
 pub use timed_store::TimedStore;

@@ -44,8 +44,13 @@ use tokio_util::task::TaskTracker;
 /// What `hookd serve` needs, already validated.
 #[derive(Debug, Clone)]
 pub struct AppConfig {
-    /// `sqlite:PATH` or `postgres://…`.
+    /// `sqlite:PATH` or `postgres://…` (on a sharded deployment, the
+    /// control database).
     pub database: String,
+    /// PostgreSQL databases holding the deliveries, placed by destination
+    /// host (`--shard`); empty: the one database holds everything, unless
+    /// it stores a shard map.
+    pub shards: Vec<String>,
     /// Allow loopback and private destinations.
     pub allow_private_destinations: bool,
     /// Addresses allowed although private (`--allow-destination-cidr`).
@@ -75,6 +80,7 @@ impl AppConfig {
     pub fn new(database: String, dispatch: DispatchConfig) -> Self {
         Self {
             database,
+            shards: Vec::new(),
             allow_private_destinations: false,
             allow_destination_cidrs: Vec::new(),
             admin_token: None,
@@ -157,15 +163,50 @@ pub async fn open_store_tuned(
     keyring: hookd_store::crypto::Keyring,
     lazy_fanout: LazyFanout,
 ) -> anyhow::Result<Arc<dyn Store>> {
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+    open_store_sharded(url, &[], keyring, lazy_fanout).await
+}
+
+/// [`open_store_tuned`] for a deployment whose deliveries may live on
+/// `shards` (`--shard`): PostgreSQL databases beside the control database
+/// at `url`. With shards given, or a shard map stored in the database at
+/// `url`, the store is a [`ShardedStore`](hookd_store_postgres::sharded::ShardedStore)
+/// (which migrates the control database and every shard); otherwise one
+/// database.
+pub async fn open_store_sharded(
+    url: &str,
+    shards: &[String],
+    keyring: hookd_store::crypto::Keyring,
+    lazy_fanout: LazyFanout,
+) -> anyhow::Result<Arc<dyn Store>> {
+    anyhow::ensure!(
+        shards.is_empty() || is_postgres(url),
+        "--shard needs PostgreSQL: the control database (--database) must be postgres://…"
+    );
+    if let Some(shard) = shards.iter().find(|s| !is_postgres(s)) {
+        anyhow::bail!("--shard {shard}: a shard must be a postgres://… URL");
+    }
+    if is_postgres(url) {
         let options = hookd_store_postgres::PgOptions {
             keyring,
             lazy_fanout,
             ..hookd_store_postgres::PgOptions::default()
         };
-        let store = hookd_store_postgres::PgStore::connect(url, options)
+        let store = hookd_store_postgres::PgStore::connect(url, options.clone())
             .await
             .context("connecting to PostgreSQL")?;
+        let sharded = !shards.is_empty()
+            || store
+                .stored_shard_map()
+                .await
+                .context("reading the shard map")?
+                .is_some();
+        if sharded {
+            let store =
+                hookd_store_postgres::sharded::ShardedStore::open_with(store, url, shards, options)
+                    .await
+                    .context("opening the shards")?;
+            return Ok(Arc::new(store));
+        }
         Ok(Arc::new(store))
     } else if url.starts_with("sqlite:") {
         let store = hookd_store_sqlite::SqliteStore::connect_url_with_keyring(url, keyring)
@@ -318,7 +359,13 @@ impl App {
                 crate::keys::keyring_for(&config.database)?
             }
         };
-        let store = open_store_tuned(&config.database, keyring, config.lazy_fanout).await?;
+        let store = open_store_sharded(
+            &config.database,
+            &config.shards,
+            keyring,
+            config.lazy_fanout,
+        )
+        .await?;
         // Every component below sees the store through the timer.
         let store: Arc<dyn Store> = Arc::new(crate::TimedStore::new(store));
         store
@@ -378,6 +425,8 @@ impl App {
             node_id: dispatcher.config().worker_id.clone(),
             role: config.role,
             started_at: chrono::Utc::now(),
+            // Filled in on each beat from the admission (`heartbeat_once`).
+            open_circuits: Vec::new(),
         };
         // Circuit openings travel between the nodes that deliver (R1).
         let gossip = if config.role.delivers() && is_postgres(&config.database) {

@@ -42,6 +42,7 @@ mod jobs;
 mod nodes;
 mod retention;
 mod rows;
+pub mod sharded;
 mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -87,6 +88,23 @@ pub struct PgOptions {
     pub lazy_fanout: hookd_store::LazyFanout,
 }
 
+/// Where ingest writes an accepted event's deliveries.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Writes {
+    /// Here, as rows (or a fan-out job over the threshold).
+    Here(hookd_store::LazyFanout),
+    /// Into the shard outbox: this is a sharded deployment's control
+    /// database, and [`sharded::ShardedStore`] writes them on the shards.
+    Outbox,
+}
+
+impl Writes {
+    /// Whether an event with `n` deliveries gets a fan-out job here.
+    pub(crate) fn is_lazy(self, n: usize) -> bool {
+        matches!(self, Writes::Here(f) if f.is_lazy(n))
+    }
+}
+
 impl Default for PgOptions {
     fn default() -> Self {
         Self {
@@ -118,6 +136,9 @@ pub struct PgStore {
     keyring: Arc<Keyring>,
     /// [`PgOptions::lazy_fanout`].
     fanout: hookd_store::LazyFanout,
+    /// Whether this is a sharded deployment's control database: accepted
+    /// events' deliveries go to the shard outbox ([`Writes::Outbox`]).
+    outbox: bool,
 }
 
 impl PgStore {
@@ -149,7 +170,27 @@ impl PgStore {
             deadline: opts.call_timeout,
             keyring: Arc::new(opts.keyring),
             fanout: opts.lazy_fanout,
+            outbox: false,
         })
+    }
+
+    /// Where ingest writes deliveries on this handle.
+    pub(crate) fn writes(&self) -> Writes {
+        match self.outbox {
+            true => Writes::Outbox,
+            false => Writes::Here(self.fanout),
+        }
+    }
+
+    /// The same database (one pool) as a sharded deployment's control
+    /// database (`true`): ingest writes deliveries to the shard outbox for
+    /// [`sharded::ShardedStore`] to place; or as an ordinary store or shard
+    /// (`false`).
+    pub(crate) fn as_control(&self, control: bool) -> PgStore {
+        PgStore {
+            outbox: control,
+            ..self.clone()
+        }
     }
 
     /// Closes the pool, waiting for connections in use to be returned.

@@ -21,13 +21,16 @@ pub(crate) async fn heartbeat(
     let forget = live_within.saturating_mul(NODE_FORGET_FACTOR);
     let mut tx = store.pool.begin().await.map_err(map)?;
     sqlx::query(
-        "INSERT INTO nodes (node_id, role, started_at, last_seen) VALUES ($1, $2, $3, now()) \
+        "INSERT INTO nodes (node_id, role, started_at, last_seen, open_circuits) \
+         VALUES ($1, $2, $3, now(), $4) \
          ON CONFLICT (node_id) DO UPDATE SET role = excluded.role, \
-           started_at = excluded.started_at, last_seen = excluded.last_seen",
+           started_at = excluded.started_at, last_seen = excluded.last_seen, \
+           open_circuits = excluded.open_circuits",
     )
     .bind(&node.node_id)
     .bind(node.role.as_str())
     .bind(node.started_at)
+    .bind(&node.open_circuits)
     .execute(&mut *tx)
     .await
     .map_err(map)?;
@@ -58,11 +61,12 @@ pub(crate) async fn forget(store: &PgStore, node_id: &str) -> Result<bool> {
 }
 
 pub(crate) async fn list(store: &PgStore) -> Result<Vec<NodeInfo>> {
-    let rows =
-        sqlx::query("SELECT node_id, role, started_at, last_seen FROM nodes ORDER BY node_id")
-            .fetch_all(&store.pool)
-            .await
-            .map_err(map)?;
+    let rows = sqlx::query(
+        "SELECT node_id, role, started_at, last_seen, open_circuits FROM nodes ORDER BY node_id",
+    )
+    .fetch_all(&store.pool)
+    .await
+    .map_err(map)?;
     rows.iter()
         .map(|row| {
             let role: String = row.try_get("role").map_err(map)?;
@@ -73,6 +77,7 @@ pub(crate) async fn list(store: &PgStore) -> Result<Vec<NodeInfo>> {
                 })?,
                 started_at: row.try_get::<Timestamp, _>("started_at").map_err(map)?,
                 last_seen: row.try_get::<Timestamp, _>("last_seen").map_err(map)?,
+                open_circuits: row.try_get("open_circuits").map_err(map)?,
             })
         })
         .collect()

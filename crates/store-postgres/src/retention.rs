@@ -306,21 +306,31 @@ async fn drop_day(store: &PgStore, day: NaiveDate, today: NaiveDate) -> Result<D
     ))
 }
 
+/// What makes an event `e` unneeded here: no delivery refers to it, no
+/// unfinished fan-out job will, and the shard outbox does not hold it.
+macro_rules! EVENT_UNNEEDED {
+    () => {
+        "NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = e.event_id) \
+         AND NOT EXISTS (SELECT 1 FROM fanout_jobs j \
+             WHERE j.event_id = e.event_id AND j.finished_at IS NULL) \
+         AND NOT EXISTS (SELECT 1 FROM shard_outbox o WHERE o.event_id = e.event_id)"
+    };
+}
+
 /// Deletes up to `batch` events older than `before` that no delivery
 /// refers to and no unfinished fan-out job will (a finished job goes with
-/// its event). Returns how many.
+/// its event), nor, on a sharded deployment's control database, the shard
+/// outbox (its shards have yet to write its deliveries). Returns how many.
 async fn delete_events(store: &PgStore, before: Timestamp, batch: i64) -> Result<i64> {
-    sqlx::query_scalar(
+    sqlx::query_scalar(concat!(
         "WITH gone AS ( \
              DELETE FROM events WHERE event_id IN ( \
-                 SELECT e.event_id FROM events e WHERE e.created_at < $1 \
-                   AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = e.event_id) \
-                   AND NOT EXISTS (SELECT 1 FROM fanout_jobs j \
-                       WHERE j.event_id = e.event_id AND j.finished_at IS NULL) \
-                 ORDER BY e.created_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                 SELECT e.event_id FROM events e WHERE e.created_at < $1 AND ",
+        EVENT_UNNEEDED!(),
+        " ORDER BY e.created_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
              RETURNING 1 \
-         ) SELECT count(*) FROM gone",
-    )
+         ) SELECT count(*) FROM gone"
+    ))
     .bind(before)
     .bind(batch)
     .fetch_one(&store.pool)
@@ -328,7 +338,77 @@ async fn delete_events(store: &PgStore, before: Timestamp, batch: i64) -> Result
     .map_err(map)
 }
 
+/// A sharded deployment's control database: up to `batch` events older
+/// than `before` that nothing here needs, oldest first. Whether a shard
+/// still holds a copy is for the caller to ask.
+pub(crate) async fn unneeded_events(
+    store: &PgStore,
+    before: Timestamp,
+    batch: i64,
+) -> Result<Vec<uuid::Uuid>> {
+    store
+        .bounded(async {
+            sqlx::query_scalar(concat!(
+                "SELECT e.event_id FROM events e WHERE e.created_at < $1 AND ",
+                EVENT_UNNEEDED!(),
+                " ORDER BY e.created_at LIMIT $2"
+            ))
+            .bind(before)
+            .bind(batch)
+            .fetch_all(&store.pool)
+            .await
+            .map_err(map)
+        })
+        .await
+}
+
+/// Which of `ids` this database holds an event row of.
+pub(crate) async fn events_held(
+    store: &PgStore,
+    ids: &[uuid::Uuid],
+) -> Result<std::collections::HashSet<uuid::Uuid>> {
+    store
+        .bounded(async {
+            let held: Vec<uuid::Uuid> =
+                sqlx::query_scalar("SELECT event_id FROM events WHERE event_id = ANY($1)")
+                    .bind(ids)
+                    .fetch_all(&store.pool)
+                    .await
+                    .map_err(map)?;
+            Ok(held.into_iter().collect())
+        })
+        .await
+}
+
+/// Deletes those of `ids` that are still unneeded here. Returns how many.
+pub(crate) async fn delete_events_in(store: &PgStore, ids: &[uuid::Uuid]) -> Result<u64> {
+    store
+        .bounded(async {
+            let gone = sqlx::query(concat!(
+                "DELETE FROM events e WHERE e.event_id = ANY($1) AND ",
+                EVENT_UNNEEDED!()
+            ))
+            .bind(ids)
+            .execute(&store.pool)
+            .await
+            .map_err(map)?;
+            Ok(gone.rows_affected())
+        })
+        .await
+}
+
 pub(crate) async fn enforce(store: &PgStore, policy: &RetentionPolicy) -> Result<RetentionReport> {
+    enforce_with(store, policy, true).await
+}
+
+/// [`enforce`], deleting events or not (a sharded deployment's control
+/// database deletes events only once no shard holds a copy: its caller
+/// asks the shards first).
+pub(crate) async fn enforce_with(
+    store: &PgStore,
+    policy: &RetentionPolicy,
+    events: bool,
+) -> Result<RetentionReport> {
     let mut report = RetentionReport::default();
     let batch = i64::from(policy.batch.max(1));
     store.bounded(ensure_partitions(store)).await?;
@@ -363,12 +443,14 @@ pub(crate) async fn enforce(store: &PgStore, policy: &RetentionPolicy) -> Result
             DayFate::Busy => report.more = true,
         }
     }
-    let events = store
-        .bounded(delete_events(store, policy.events_before, batch))
-        .await?;
-    report.events = u64::try_from(events).unwrap_or(0);
-    if events >= batch {
-        report.more = true;
+    if events {
+        let events = store
+            .bounded(delete_events(store, policy.events_before, batch))
+            .await?;
+        report.events = u64::try_from(events).unwrap_or(0);
+        if events >= batch {
+            report.more = true;
+        }
     }
     if !store.bounded(ensure_partitions(store)).await? {
         report.more = true;

@@ -12,18 +12,18 @@ use hookd_domain::{DeliveryId, EventId, JobId, SubscriptionId, Timestamp};
 use hookd_store::{
     Accepted, Attempt, AttemptRecord, Backlog, ClaimOrder, ClaimRequest, ClaimedDelivery,
     DailyStats, Delivery, DeliveryDetail, DeliveryQuery, DueDestination, DueSubscription, Event,
-    JobStep, LazyFanout, Lease, NewDelivery, NewEvent, NewReplayJob, NewSubscription, NewToken,
-    NextState, Notice, RaisedSignal, RecordOutcome, ReplayJob, Result, RetentionPolicy,
-    RetentionReport, SignalKind, Store, StoreError, StreakChange, Subscription, SubscriptionHealth,
+    JobStep, Lease, NewDelivery, NewEvent, NewReplayJob, NewSubscription, NewToken, NextState,
+    Notice, RaisedSignal, RecordOutcome, ReplayJob, Result, RetentionPolicy, RetentionReport,
+    SignalKind, Store, StoreError, StreakChange, Subscription, SubscriptionHealth,
     SubscriptionPatch, SubscriptionQuery, TokenScope,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{Postgres, Row, Transaction};
 use uuid::Uuid;
 
-use crate::PgStore;
 use crate::error::{map, map_migrate};
 use crate::rows::{self, delivery_cols, event_cols, job_cols, subscription_cols};
+use crate::{PgStore, Writes};
 use crate::{jobs, retention};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -244,7 +244,7 @@ pub(crate) async fn insert_event(
     tx: &mut Transaction<'_, Postgres>,
     event: &NewEvent,
     deliveries: &[NewDelivery],
-    fanout: LazyFanout,
+    writes: Writes,
 ) -> Result<Accepted> {
     // ON CONFLICT waits for a concurrent inserter of the same key to
     // commit or roll back, so of N simultaneous duplicates exactly one
@@ -276,10 +276,12 @@ pub(crate) async fn insert_event(
             duplicate: true,
         });
     }
-    if fanout.is_lazy(deliveries.len()) {
-        crate::fanout::write_job(tx, event, deliveries, fanout).await?;
-    } else {
-        insert_deliveries(tx, event, deliveries).await?;
+    match writes {
+        Writes::Outbox => crate::sharded::outbox::write(tx, &[(event, deliveries)]).await?,
+        Writes::Here(fanout) if fanout.is_lazy(deliveries.len()) => {
+            crate::fanout::write_job(tx, event, deliveries, fanout).await?;
+        }
+        Writes::Here(_) => insert_deliveries(tx, event, deliveries).await?,
     }
     Ok(Accepted {
         event_id: event.id,
@@ -330,7 +332,7 @@ pub(crate) async fn insert_deliveries<D: std::borrow::Borrow<NewDelivery> + Sync
 async fn insert_events(
     tx: &mut Transaction<'_, Postgres>,
     batch: &[(NewEvent, Vec<NewDelivery>)],
-    fanout: LazyFanout,
+    writes: Writes,
 ) -> Result<Vec<Result<Accepted>>> {
     // An event whose key an earlier event of the batch holds is that
     // event's duplicate, whatever becomes of the earlier one here: it
@@ -412,29 +414,31 @@ async fn insert_events(
         holders.extend(rows);
     }
     let mut results = Vec::with_capacity(batch.len());
-    let (mut d_ids, mut d_events, mut d_subs, mut d_types, mut d_hosts) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut rows: Vec<(&NewEvent, &NewDelivery)> = Vec::new();
     // Events over the threshold get a fan-out job instead of their rows.
     let mut lazy: Vec<(&NewEvent, &[NewDelivery])> = Vec::new();
+    // In sharded mode (the control database) every event's deliveries go
+    // to the outbox, for the shards to write.
+    let mut outboxed: Vec<(&NewEvent, &[NewDelivery])> = Vec::new();
     for (i, ((event, deliveries), &f)) in batch.iter().zip(&first).enumerate() {
         // The first event of the batch with this event's key (itself when
         // it is the first, or has no key).
         let head = &batch[f].0;
         let result = if inserted.contains(head.id.as_uuid()) {
-            if i == f && fanout.is_lazy(deliveries.len()) {
+            if i == f && matches!(writes, Writes::Outbox) {
+                outboxed.push((event, deliveries));
+                Ok(Accepted {
+                    event_id: event.id,
+                    duplicate: false,
+                })
+            } else if i == f && writes.is_lazy(deliveries.len()) {
                 lazy.push((event, deliveries));
                 Ok(Accepted {
                     event_id: event.id,
                     duplicate: false,
                 })
             } else if i == f {
-                for d in deliveries {
-                    d_ids.push(*d.id.as_uuid());
-                    d_events.push(*event.id.as_uuid());
-                    d_subs.push(*d.sub_id.as_uuid());
-                    d_types.push(event.event_type.as_str());
-                    d_hosts.push(d.destination_host.as_str());
-                }
+                rows.extend(deliveries.iter().map(|d| (event, d)));
                 Ok(Accepted {
                     event_id: event.id,
                     duplicate: false,
@@ -460,31 +464,64 @@ async fn insert_events(
         };
         results.push(result);
     }
-    if !d_ids.is_empty() {
-        // One now() for the whole transaction: every delivery of the batch
-        // goes to one day partition, which is what keeps (event_id, sub_id)
-        // unique.
-        sqlx::query(
-            "INSERT INTO deliveries (delivery_id, event_id, sub_id, event_type, destination_host, \
-             state, attempt, next_attempt_at, created_at, window_start, updated_at, retain_from) \
-             SELECT u.delivery_id, u.event_id, u.sub_id, u.event_type, u.host, 'pending', 0, \
-                    now(), now(), now(), now(), now() \
-             FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[]) \
-               AS u(delivery_id, event_id, sub_id, event_type, host)",
-        )
-        .bind(d_ids)
-        .bind(d_events)
-        .bind(d_subs)
-        .bind(d_types)
-        .bind(d_hosts)
-        .execute(&mut **tx)
-        .await
-        .map_err(map)?;
+    insert_delivery_rows(tx, &rows).await?;
+    if let Writes::Here(fanout) = writes {
+        for (event, deliveries) in lazy {
+            crate::fanout::write_job(tx, event, deliveries, fanout).await?;
+        }
     }
-    for (event, deliveries) in lazy {
-        crate::fanout::write_job(tx, event, deliveries, fanout).await?;
-    }
+    crate::sharded::outbox::write(tx, &outboxed).await?;
     Ok(results)
+}
+
+/// Writes deliveries of several events (their rows are written already),
+/// pending and due at once, in one statement. One now() for the whole
+/// transaction: every delivery goes to one day partition, which is what
+/// keeps (event_id, sub_id) unique.
+pub(crate) async fn insert_delivery_rows(
+    tx: &mut Transaction<'_, Postgres>,
+    rows: &[(&NewEvent, &NewDelivery)],
+) -> Result<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "INSERT INTO deliveries (delivery_id, event_id, sub_id, event_type, destination_host, \
+         state, attempt, next_attempt_at, created_at, window_start, updated_at, retain_from) \
+         SELECT u.delivery_id, u.event_id, u.sub_id, u.event_type, u.host, 'pending', 0, \
+                now(), now(), now(), now(), now() \
+         FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[]) \
+           AS u(delivery_id, event_id, sub_id, event_type, host)",
+    )
+    .bind(
+        rows.iter()
+            .map(|(_, d)| *d.id.as_uuid())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        rows.iter()
+            .map(|(e, _)| *e.id.as_uuid())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        rows.iter()
+            .map(|(_, d)| *d.sub_id.as_uuid())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        rows.iter()
+            .map(|(e, _)| e.event_type.as_str())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        rows.iter()
+            .map(|(_, d)| d.destination_host.as_str())
+            .collect::<Vec<_>>(),
+    )
+    .execute(&mut **tx)
+    .await
+    .map_err(map)?;
+    Ok(())
 }
 
 /// Whether `e` is the failure of one event's rows (a constraint it breaks:
@@ -509,7 +546,7 @@ fn is_event_error(e: &StoreError) -> bool {
 async fn insert_events_one_by_one(
     tx: &mut Transaction<'_, Postgres>,
     batch: &[(NewEvent, Vec<NewDelivery>)],
-    fanout: LazyFanout,
+    writes: Writes,
 ) -> Result<Vec<Result<Accepted>>> {
     let mut results = Vec::with_capacity(batch.len());
     for (event, deliveries) in batch {
@@ -517,7 +554,7 @@ async fn insert_events_one_by_one(
             .execute(&mut **tx)
             .await
             .map_err(map)?;
-        let res = insert_event(tx, event, deliveries, fanout).await;
+        let res = insert_event(tx, event, deliveries, writes).await;
         let undo = match res {
             Ok(accepted) => accepted.duplicate,
             Err(ref e) if is_event_error(e) => true,
@@ -958,7 +995,7 @@ impl Store for PgStore {
         let (event, deliveries) = (&event, &deliveries);
         self.bounded(with_partitions(self, || async move {
             let mut tx = begin(self).await?;
-            let accepted = insert_event(&mut tx, event, deliveries, self.fanout).await?;
+            let accepted = insert_event(&mut tx, event, deliveries, self.writes()).await?;
             if !accepted.duplicate {
                 commit(tx).await?;
             }
@@ -978,7 +1015,7 @@ impl Store for PgStore {
         let batch = &batch;
         self.bounded(with_partitions(self, || async move {
             let mut tx = begin(self).await?;
-            match insert_events(&mut tx, batch, self.fanout).await {
+            match insert_events(&mut tx, batch, self.writes()).await {
                 Ok(results) => {
                     commit(tx).await?;
                     return Ok(results);
@@ -989,7 +1026,7 @@ impl Store for PgStore {
                 Err(e) => return Err(e),
             }
             let mut tx = begin(self).await?;
-            let results = insert_events_one_by_one(&mut tx, batch, self.fanout).await?;
+            let results = insert_events_one_by_one(&mut tx, batch, self.writes()).await?;
             commit(tx).await?;
             Ok(results)
         }))
@@ -1778,7 +1815,7 @@ impl Store for PgStore {
                 return Ok(false);
             }
             if let Some(notice) = &notice {
-                insert_event(&mut tx, &notice.event, &notice.deliveries, self.fanout).await?;
+                insert_event(&mut tx, &notice.event, &notice.deliveries, self.writes()).await?;
             }
             if kind == SignalKind::Disabled && state == "active" {
                 sqlx::query("UPDATE subscriptions SET state = 'disabled', updated_at = now() WHERE sub_id = $1")

@@ -20,14 +20,17 @@ pub(crate) async fn heartbeat(
     let forget = duration_ms(live_within.saturating_mul(NODE_FORGET_FACTOR));
     let mut tx = store.write().await?;
     sqlx::query(
-        "INSERT INTO nodes (node_id, role, started_at, last_seen) VALUES (?, ?, ?, ?) \
+        "INSERT INTO nodes (node_id, role, started_at, last_seen, open_circuits) \
+         VALUES (?, ?, ?, ?, ?) \
          ON CONFLICT (node_id) DO UPDATE SET role = excluded.role, \
-           started_at = excluded.started_at, last_seen = excluded.last_seen",
+           started_at = excluded.started_at, last_seen = excluded.last_seen, \
+           open_circuits = excluded.open_circuits",
     )
     .bind(&node.node_id)
     .bind(node.role.as_str())
     .bind(to_ms(node.started_at))
     .bind(now)
+    .bind(serde_json::to_string(&node.open_circuits).expect("host names serialize as strings"))
     .execute(&mut *tx)
     .await
     .map_err(from_sqlx)?;
@@ -59,11 +62,12 @@ pub(crate) async fn forget(store: &SqliteStore, node_id: &str) -> Result<bool> {
 }
 
 pub(crate) async fn list(store: &SqliteStore) -> Result<Vec<NodeInfo>> {
-    let rows =
-        sqlx::query("SELECT node_id, role, started_at, last_seen FROM nodes ORDER BY node_id")
-            .fetch_all(&store.reader)
-            .await
-            .map_err(from_sqlx)?;
+    let rows = sqlx::query(
+        "SELECT node_id, role, started_at, last_seen, open_circuits FROM nodes ORDER BY node_id",
+    )
+    .fetch_all(&store.reader)
+    .await
+    .map_err(from_sqlx)?;
     rows.iter()
         .map(|row| {
             let role: String = row.try_get("role").map_err(from_sqlx)?;
@@ -79,6 +83,11 @@ pub(crate) async fn list(store: &SqliteStore) -> Result<Vec<NodeInfo>> {
                     row.try_get("last_seen").map_err(from_sqlx)?,
                     "nodes.last_seen",
                 )?,
+                open_circuits: serde_json::from_str(
+                    &row.try_get::<String, _>("open_circuits")
+                        .map_err(from_sqlx)?,
+                )
+                .map_err(|e| corrupt("nodes.open_circuits", e))?,
             })
         })
         .collect()

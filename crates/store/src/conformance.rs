@@ -132,6 +132,7 @@ macro_rules! conformance_tests {
             a_batch_of_events_fans_out_lazily_only_the_ones_over_the_threshold,
             heartbeats_count_the_live_nodes_that_deliver,
             heartbeats_forget_nodes_that_stopped,
+            a_heartbeats_open_circuits_are_reported_until_the_next_replaces_them,
         );
     };
     (@each $make:path; $($name:ident),* $(,)?) => {
@@ -4948,6 +4949,7 @@ fn heartbeat_of(node_id: &str, role: NodeRole) -> NodeHeartbeat {
         node_id: node_id.to_owned(),
         role,
         started_at: chrono::DateTime::from_timestamp(1_700_000_000, 0).unwrap(),
+        open_circuits: Vec::new(),
     }
 }
 
@@ -5025,4 +5027,56 @@ pub async fn heartbeats_forget_nodes_that_stopped(store: Arc<dyn Store>) {
         "forgetting is idempotent"
     );
     assert!(store.nodes().await.unwrap().is_empty());
+}
+
+pub async fn a_heartbeats_open_circuits_are_reported_until_the_next_replaces_them(
+    store: Arc<dyn Store>,
+) {
+    let live = Duration::from_secs(60);
+    let circuits = |store: Arc<dyn Store>| async move {
+        store
+            .nodes()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|n| (n.node_id, n.open_circuits))
+            .collect::<Vec<_>>()
+    };
+    let mut w1 = heartbeat_of("w1", NodeRole::Worker);
+    w1.open_circuits = vec!["a.example".into(), "b.example".into()];
+    store.heartbeat(&w1, live).await.unwrap();
+    store
+        .heartbeat(&heartbeat_of("w2", NodeRole::Worker), live)
+        .await
+        .unwrap();
+    assert_eq!(
+        circuits(store.clone()).await,
+        [
+            (
+                "w1".to_owned(),
+                vec!["a.example".to_owned(), "b.example".to_owned()]
+            ),
+            ("w2".to_owned(), vec![]),
+        ],
+        "each node's as it reported them, in its order"
+    );
+
+    w1.open_circuits = vec!["c.example".into()];
+    store.heartbeat(&w1, live).await.unwrap();
+    assert_eq!(
+        circuits(store.clone()).await,
+        [
+            ("w1".to_owned(), vec!["c.example".to_owned()]),
+            ("w2".to_owned(), vec![]),
+        ],
+        "a later heartbeat replaces them, not adds to them"
+    );
+
+    w1.open_circuits = Vec::new();
+    store.heartbeat(&w1, live).await.unwrap();
+    assert_eq!(
+        circuits(store.clone()).await,
+        [("w1".to_owned(), vec![]), ("w2".to_owned(), vec![])],
+        "an empty list replaces them too: every circuit closed"
+    );
 }

@@ -482,7 +482,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     // --- nodes (several hookd processes on one database) --------------------
 
     /// Records that `node` is alive: inserts or updates its row (role,
-    /// `started_at`, and `last_seen` = now on the store's clock), forgets
+    /// `started_at`, `open_circuits` — replacing the last heartbeat's whole —
+    /// and `last_seen` = now on the store's clock), forgets
     /// (deletes) every node not seen for [`NODE_FORGET_FACTOR`] ×
     /// `live_within`, and returns how many nodes that deliver
     /// ([`NodeRole::delivers`]) were seen within `live_within` — this one
@@ -495,7 +496,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// it was remembered.
     async fn forget_node(&self, node_id: &str) -> Result<bool>;
 
-    /// Every node the store remembers, live or not, by node id.
+    /// Every node the store remembers, live or not, by node id, each with
+    /// the `open_circuits` of its last heartbeat.
     async fn nodes(&self) -> Result<Vec<NodeInfo>>;
 }
 

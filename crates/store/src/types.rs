@@ -803,6 +803,10 @@ pub struct NodeHeartbeat {
     pub role: NodeRole,
     /// When the node started (its own clock; for people).
     pub started_at: Timestamp,
+    /// The destination hosts whose circuit is not closed (open or
+    /// half-open) on this node now, sorted; empty on a node that does not
+    /// deliver. Each heartbeat replaces the last one's.
+    pub open_circuits: Vec<String>,
 }
 
 /// A node the store remembers ([`Store::nodes`](crate::Store::nodes)).
@@ -816,6 +820,9 @@ pub struct NodeInfo {
     pub started_at: Timestamp,
     /// Its last heartbeat, on the store's clock.
     pub last_seen: Timestamp,
+    /// The destination hosts whose circuit was not closed on it, as its last
+    /// heartbeat reported them ([`NodeHeartbeat::open_circuits`]).
+    pub open_circuits: Vec<String>,
 }
 
 /// Groups a due listing's subscriptions by host, for

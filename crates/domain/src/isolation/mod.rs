@@ -16,7 +16,8 @@
 //! | backlog floor (R4)       | [`share`]     | a backlog starved by new work           |
 //! | node share (issue 8)     | [`nodes`]     | N nodes each taking the whole cap       |
 //!
-//! (Layer 4, shard containment, is the store's.)
+//! (Layer 4, shard containment, is the store's; whether a hot-shard split
+//! may run now — never during a failure, R5 — is [`split`]'s rule.)
 //!
 //! # How the dispatcher uses it
 //! 1. [`DestinationAdmission::available`] before claiming: how many attempts
@@ -47,6 +48,7 @@ pub mod nodes;
 pub mod ramp;
 pub mod rate;
 pub mod share;
+pub mod split;
 
 use std::time::Duration;
 
@@ -59,6 +61,7 @@ pub use nodes::node_share;
 pub use ramp::{Ramp, RampConfig, RampStep};
 pub use rate::{AdaptiveRate, PeriodStats, RateChange, RateConfig, TokenBucket};
 pub use share::{BACKLOG_FLOOR, BacklogInput, SubscriptionLoad, backlog_split, fair_share};
+pub use split::{RecentAttempts, SPLIT_MAX_FAILURE_PERCENT, SPLIT_MIN_ATTEMPTS, split_refusal};
 
 use crate::Timestamp;
 

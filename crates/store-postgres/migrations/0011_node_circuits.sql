@@ -1,0 +1,5 @@
+-- Each node's destinations whose circuit is not closed (open or half-open),
+-- as its last heartbeat reported them, sorted. A hot-shard split of a host
+-- is refused while any live node reports its circuit here (R5: never split
+-- during a failure). Replaced whole by every heartbeat; empty on api nodes.
+ALTER TABLE nodes ADD COLUMN open_circuits text[] NOT NULL DEFAULT '{}';
