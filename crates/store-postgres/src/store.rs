@@ -235,6 +235,15 @@ fn json(value: &impl serde::Serialize) -> Result<String> {
     serde_json::to_string(value).map_err(|e| StoreError::Backend(Box::new(e)))
 }
 
+// In-flight lookups by id. Statements that find in-flight deliveries by id
+// test `(state || '') = 'inflight'`, not `state = 'inflight'`. The plain
+// test proves the predicate of the partial index `deliveries_lease`. On a
+// day partition whose statistics are still empty (every partition, for its
+// first minute) the planner then ANDs that whole index with the primary key
+// for every id: recording 500 attempts at 200,000 rows took 1.2-3.5 s
+// instead of milliseconds. The expression proves nothing, so the lookup goes
+// by the primary key alone and the state is checked on the row found.
+
 /// Writes an event and its deliveries in `tx` (the outbox), or finds the
 /// event holding its idempotency key (`duplicate`, nothing written): all of
 /// [`Store::accept_event`] but the commit, shared with `raise_signal`'s
@@ -1258,7 +1267,7 @@ impl Store for PgStore {
                  next_attempt_at = CASE WHEN $6::bigint IS NULL THEN next_attempt_at \
                      ELSE now() + $6::bigint * interval '1 microsecond' END, \
                  lease_expires = NULL, worker_id = NULL, updated_at = now() \
-                 WHERE delivery_id = $1 AND state = 'inflight' AND lease_token = $2",
+                 WHERE delivery_id = $1 AND (state || '') = 'inflight' AND lease_token = $2",
             )
             .bind(id)
             .bind(record.lease.token)
@@ -1388,6 +1397,7 @@ impl Store for PgStore {
                 errors.push(r.last_error.as_deref());
                 delays.push(delay);
             }
+            // `(d.state || '')`: see "In-flight lookups by id" above.
             let moved: Vec<(Uuid, i64)> = sqlx::query_as(
                 "UPDATE deliveries d SET attempt = d.attempt + 1, state = v.state, \
                  last_status = v.status, last_error = v.last_error, \
@@ -1396,7 +1406,7 @@ impl Store for PgStore {
                  lease_expires = NULL, worker_id = NULL, updated_at = now() \
                  FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::integer[], $5::text[], $6::bigint[]) \
                      AS v(delivery_id, token, state, status, last_error, delay) \
-                 WHERE d.delivery_id = v.delivery_id AND d.state = 'inflight' AND d.lease_token = v.token \
+                 WHERE d.delivery_id = v.delivery_id AND (d.state || '') = 'inflight' AND d.lease_token = v.token \
                  RETURNING d.delivery_id, v.token",
             )
             .bind(&ids)
@@ -1477,7 +1487,7 @@ impl Store for PgStore {
         self.bounded(async {
             let res = sqlx::query(
                 "UPDATE deliveries SET lease_expires = now() + $3 * interval '1 microsecond', updated_at = now() \
-                 WHERE delivery_id = $1 AND state = 'inflight' AND lease_token = $2",
+                 WHERE delivery_id = $1 AND (state || '') = 'inflight' AND lease_token = $2",
             )
             .bind(lease.delivery_id.as_uuid())
             .bind(lease.token)
@@ -1501,7 +1511,7 @@ impl Store for PgStore {
                 "UPDATE deliveries d SET state = 'pending', lease_expires = NULL, worker_id = NULL, \
                  updated_at = now() \
                  FROM unnest($1::uuid[], $2::bigint[]) AS l(delivery_id, token) \
-                 WHERE d.delivery_id = l.delivery_id AND d.lease_token = l.token AND d.state = 'inflight'",
+                 WHERE d.delivery_id = l.delivery_id AND d.lease_token = l.token AND (d.state || '') = 'inflight'",
             )
             .bind(uuids(leases, |l| *l.delivery_id.as_uuid()))
             .bind(leases.iter().map(|l| l.token).collect::<Vec<i64>>())
