@@ -125,6 +125,11 @@ pub struct ServeArgs {
     /// name --database itself. See docs/scaling.md.
     #[arg(long = "shard", env = "HOOKD_SHARDS", value_delimiter = ',')]
     shards: Vec<String>,
+    /// Most connections this node opens to each PostgreSQL database (the
+    /// control database and every shard). Size it so that nodes × databases
+    /// × this stays under the server's max_connections.
+    #[arg(long, env = "HOOKD_DATABASE_MAX_CONNECTIONS", default_value_t = 16, value_parser = clap::value_parser!(u32).range(2..))]
+    database_max_connections: u32,
     /// What this node runs. `api` and `worker` need PostgreSQL; run any
     /// number of each against one database.
     #[arg(long, env = "HOOKD_ROLE", value_enum, default_value = "all")]
@@ -318,6 +323,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     );
     let mut config = AppConfig::new(args.db.database, dispatch);
     config.shards = args.shards;
+    config.database_max_connections = args.database_max_connections;
     config.allow_private_destinations = args.allow_private_destinations;
     config.allow_destination_cidrs = args.allow_destination_cidrs;
     if let Some(proxy) = args.outbound_proxy.filter(|p| !p.is_empty()) {

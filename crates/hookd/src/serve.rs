@@ -51,6 +51,9 @@ pub struct AppConfig {
     /// host (`--shard`); empty: the one database holds everything, unless
     /// it stores a shard map.
     pub shards: Vec<String>,
+    /// Most connections this node opens to each PostgreSQL database (the
+    /// control database and every shard): `--database-max-connections`.
+    pub database_max_connections: u32,
     /// Allow loopback and private destinations.
     pub allow_private_destinations: bool,
     /// Addresses allowed although private (`--allow-destination-cidr`).
@@ -81,6 +84,7 @@ impl AppConfig {
         Self {
             database,
             shards: Vec::new(),
+            database_max_connections: hookd_store_postgres::PgOptions::default().max_connections,
             allow_private_destinations: false,
             allow_destination_cidrs: Vec::new(),
             admin_token: None,
@@ -163,7 +167,7 @@ pub async fn open_store_tuned(
     keyring: hookd_store::crypto::Keyring,
     lazy_fanout: LazyFanout,
 ) -> anyhow::Result<Arc<dyn Store>> {
-    open_store_sharded(url, &[], keyring, lazy_fanout).await
+    open_store_sharded(url, &[], keyring, lazy_fanout, None).await
 }
 
 /// [`open_store_tuned`] for a deployment whose deliveries may live on
@@ -177,6 +181,7 @@ pub async fn open_store_sharded(
     shards: &[String],
     keyring: hookd_store::crypto::Keyring,
     lazy_fanout: LazyFanout,
+    max_connections: Option<u32>,
 ) -> anyhow::Result<Arc<dyn Store>> {
     anyhow::ensure!(
         shards.is_empty() || is_postgres(url),
@@ -186,10 +191,12 @@ pub async fn open_store_sharded(
         anyhow::bail!("--shard {shard}: a shard must be a postgres://… URL");
     }
     if is_postgres(url) {
+        let defaults = hookd_store_postgres::PgOptions::default();
         let options = hookd_store_postgres::PgOptions {
             keyring,
             lazy_fanout,
-            ..hookd_store_postgres::PgOptions::default()
+            max_connections: max_connections.unwrap_or(defaults.max_connections),
+            ..defaults
         };
         let store = hookd_store_postgres::PgStore::connect(url, options.clone())
             .await
@@ -364,6 +371,7 @@ impl App {
             &config.shards,
             keyring,
             config.lazy_fanout,
+            Some(config.database_max_connections),
         )
         .await?;
         // Every component below sees the store through the timer.

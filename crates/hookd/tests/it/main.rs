@@ -7,6 +7,7 @@ mod private_pg;
 
 mod announcements;
 mod attempts;
+mod chaos;
 mod cli;
 mod cluster;
 mod crash;
@@ -24,5 +25,6 @@ mod observability;
 mod pg_faults;
 mod process;
 mod rotation;
+mod shards;
 mod shutdown;
 mod tenancy;

@@ -6,7 +6,6 @@
 use std::time::Duration;
 
 use hookd_domain::placement::{PlacementKey, shard_of};
-use hookd_store::Store as _;
 use serde_json::json;
 
 use crate::helpers::*;
@@ -78,7 +77,10 @@ async fn a_sharded_app_delivers_and_a_split_waits_for_a_healthy_circuit() {
     })
     .await;
     let refused = shards_cli(&control, &["split", "--host", sick]).await;
-    assert!(!refused.status.success(), "a split during a failure is refused");
+    assert!(
+        !refused.status.success(),
+        "a split during a failure is refused"
+    );
     let why = String::from_utf8_lossy(&refused.stderr);
     assert!(why.contains("circuit") && why.contains(sick), "{why}");
 
