@@ -409,6 +409,7 @@ async fn run_attempt(
     );
     crash_points_before_record(&decision.record.next);
     let disable = decision.disable_subscription;
+    let delivered = matches!(decision.record.next, hookd_store::NextState::Delivered);
     // Recorded with the next batch; this task waits for its own outcome.
     match recorder.record(decision.record).await {
         Some(RecordOutcome::Recorded) => {}
@@ -419,7 +420,7 @@ async fn run_attempt(
         None => {}
     }
     let observer = inner.observer();
-    observer.attempt_finished(&claimed.subscription.id);
+    observer.attempt_finished(&claimed.subscription.id, delivered);
     if disable {
         match observer.destination_gone(&claimed.subscription).await {
             Ok(()) => {

@@ -38,9 +38,9 @@ pub use claim::{Dispatcher, error_chain};
 /// part alone.
 #[async_trait]
 pub trait Observer: Send + Sync + std::fmt::Debug {
-    /// An attempt of one of its deliveries finished, whatever the outcome
+    /// An attempt of one of its deliveries finished, `delivered` or not
     /// (cheap: called once per attempt).
-    fn attempt_finished(&self, sub_id: &SubscriptionId);
+    fn attempt_finished(&self, sub_id: &SubscriptionId, delivered: bool);
 
     /// Its destination answered 410 Gone: disable it, and say so.
     async fn destination_gone(&self, sub: &Subscription) -> Result<(), StoreError>;
@@ -66,7 +66,7 @@ pub const GONE_DETAIL: &str = "the destination answered 410 Gone";
 
 #[async_trait]
 impl Observer for StoreObserver {
-    fn attempt_finished(&self, _sub_id: &SubscriptionId) {}
+    fn attempt_finished(&self, _sub_id: &SubscriptionId, _delivered: bool) {}
 
     async fn destination_gone(&self, sub: &Subscription) -> Result<(), StoreError> {
         self.store
