@@ -37,6 +37,7 @@
 
 mod error;
 mod fanout;
+mod freshness;
 pub mod gossip;
 mod jobs;
 mod nodes;
@@ -139,6 +140,8 @@ pub struct PgStore {
     /// Whether this is a sharded deployment's control database: accepted
     /// events' deliveries go to the shard outbox ([`Writes::Outbox`]).
     outbox: bool,
+    /// When to analyze today's partitions ([`freshness`]).
+    freshness: Arc<freshness::Freshness>,
 }
 
 impl PgStore {
@@ -171,7 +174,44 @@ impl PgStore {
             keyring: Arc::new(opts.keyring),
             fanout: opts.lazy_fanout,
             outbox: false,
+            freshness: Arc::default(),
         })
+    }
+
+    /// Counts `n` deliveries just written, and when [`freshness`] says so,
+    /// analyzes today's partitions in the background (a failure is only
+    /// logged: autovacuum gets there too, later).
+    pub(crate) fn wrote_deliveries(&self, n: usize) {
+        if n == 0
+            || !self
+                .freshness
+                .note(chrono::Utc::now().date_naive(), n as u64)
+        {
+            return;
+        }
+        let store = self.clone();
+        tokio::spawn(async move {
+            let analyze = sqlx::query(
+                "DO $$ DECLARE d text := to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD'); BEGIN \
+                   EXECUTE format('ANALYZE %I, %I', 'deliveries_p' || d, 'attempts_p' || d); END $$",
+            )
+            .execute(&store.pool);
+            match tokio::time::timeout(Duration::from_secs(60), analyze).await {
+                Ok(Ok(_)) => tracing::debug!("analyzed today's partitions"),
+                Ok(Err(e)) => tracing::warn!(error = %e, "could not analyze today's partitions"),
+                Err(_) => tracing::warn!("analyzing today's partitions took over 60 s"),
+            }
+            store.freshness.done();
+        });
+    }
+
+    /// How many of an accepted event's `n` deliveries ingest writes as rows
+    /// at once on this handle (none into the outbox or a fan-out job).
+    pub(crate) fn rows_now(&self, n: usize) -> usize {
+        match self.writes() {
+            Writes::Here(f) if !f.is_lazy(n) => n,
+            _ => 0,
+        }
     }
 
     /// Where ingest writes deliveries on this handle.

@@ -100,15 +100,54 @@ macro_rules! claim_sql {
     };
 }
 
+/// [`claim_sql!`] for many requests in one statement, one request per
+/// destination host (so no two requests can pick one row): `$1` hosts,
+/// `$2` subscriptions (the filtering variants only), `$3` limits, `$4`
+/// lease in microseconds, `$5` worker. Each request's pick is a `LATERAL`
+/// subquery, so it reads only its own slice of the due indexes and stops at
+/// its limit; the rows come back with the request's position (`r_idx`, 1
+/// for the first). One statement and one commit for what was a statement
+/// and a commit per host.
+macro_rules! claim_batch_sql {
+    ($filter:literal, $order:literal) => {
+        concat!(
+            "WITH r AS ( \
+                 SELECT * FROM unnest($1::text[], $2::uuid[], $3::bigint[]) WITH ORDINALITY \
+                   AS r(host, sub, lim, idx) \
+             ), due AS ( \
+                 SELECT p.delivery_id, r.idx FROM r CROSS JOIN LATERAL ( \
+                     SELECT d.delivery_id FROM deliveries d JOIN subscriptions s ON s.sub_id = d.sub_id \
+                     WHERE d.destination_host = r.host ",
+            $filter,
+            " AND ",
+            claimable!(),
+            " ORDER BY ",
+            $order,
+            " LIMIT r.lim FOR UPDATE OF d SKIP LOCKED) p \
+             ), claimed AS ( \
+                 UPDATE deliveries u SET state = 'inflight', lease_token = u.lease_token + 1, \
+                   lease_expires = now() + $4 * interval '1 microsecond', worker_id = $5, updated_at = now() \
+                 FROM due WHERE u.delivery_id = due.delivery_id RETURNING u.*, due.idx AS r_idx \
+             ) SELECT d.r_idx, ",
+            delivery_cols!(),
+            ", ",
+            event_cols!(),
+            ", ",
+            subscription_cols!(),
+            " FROM claimed d JOIN events e ON e.event_id = d.event_id \
+             JOIN subscriptions s ON s.sub_id = d.sub_id \
+             ORDER BY d.r_idx, ",
+            $order
+        )
+    };
+}
+
 /// `last_error` of deliveries failed by a subscription delete, and the
 /// conflict a replay of such a subscription's delivery reports.
 pub(crate) const DELETED: &str = "subscription deleted";
 
 /// Durations travel to SQL as whole microseconds (`$n * interval '1 microsecond'`),
 /// PostgreSQL's own resolution, so no float rounding moves a due time.
-/// Claim statements of one [`Store::claim_many`] in flight at once: enough to
-/// hide round trips, few enough to leave the pool to ingest and records.
-const CLAIMS_AT_ONCE: usize = 4;
 
 /// Rows per [`Store::reseal_secrets`] transaction.
 const RESEAL_BATCH: i64 = 500;
@@ -233,6 +272,80 @@ fn details(
 
 fn json(value: &impl serde::Serialize) -> Result<String> {
     serde_json::to_string(value).map_err(|e| StoreError::Backend(Box::new(e)))
+}
+
+impl PgStore {
+    /// Claims for `members` of `reqs` (one variant: all filter by
+    /// subscription or none, all in one order, with one lease and worker;
+    /// every host distinct) in one statement. A lone request goes through [`Store::claim_due`]'s
+    /// simpler statement. Returns each member's claims.
+    async fn claim_batch(
+        &self,
+        reqs: &[ClaimRequest],
+        members: Vec<usize>,
+    ) -> Result<Vec<(usize, Vec<ClaimedDelivery>)>> {
+        if let [only] = members[..] {
+            return Ok(vec![(only, self.claim_due(&reqs[only]).await?)]);
+        }
+        let first = &reqs[members[0]];
+        let sql = match (first.subscription.is_some(), first.order) {
+            (false, ClaimOrder::OldestFirst) => {
+                claim_batch_sql!("", "d.next_attempt_at, d.delivery_id")
+            }
+            (false, ClaimOrder::NewestFirst) => {
+                claim_batch_sql!("", "d.next_attempt_at DESC, d.delivery_id DESC")
+            }
+            (true, ClaimOrder::OldestFirst) => {
+                claim_batch_sql!("AND d.sub_id = r.sub", "d.next_attempt_at, d.delivery_id")
+            }
+            (true, ClaimOrder::NewestFirst) => claim_batch_sql!(
+                "AND d.sub_id = r.sub",
+                "d.next_attempt_at DESC, d.delivery_id DESC"
+            ),
+        };
+        let hosts: Vec<&str> = members
+            .iter()
+            .map(|&i| reqs[i].destination.as_str())
+            .collect();
+        let subs: Vec<Option<Uuid>> = members
+            .iter()
+            .map(|&i| reqs[i].subscription.map(|s| *s.as_uuid()))
+            .collect();
+        let limits: Vec<i64> = members.iter().map(|&i| i64::from(reqs[i].limit)).collect();
+        let lease = first.lease;
+        self.bounded(async {
+            let rows = sqlx::query(sql)
+                .bind(&hosts)
+                .bind(&subs)
+                .bind(&limits)
+                .bind(micros(lease))
+                .bind(&first.worker_id)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(map)?;
+            let mut out: Vec<(usize, Vec<ClaimedDelivery>)> =
+                members.iter().map(|&i| (i, Vec::new())).collect();
+            for row in &rows {
+                let idx: i64 = row.try_get("r_idx").map_err(map)?;
+                let slot = usize::try_from(idx - 1)
+                    .ok()
+                    .and_then(|k| out.get_mut(k))
+                    .ok_or_else(|| StoreError::Corrupt(format!("claim row for request {idx}")))?;
+                let delivery = rows::delivery(row)?;
+                slot.1.push(ClaimedDelivery {
+                    lease: Lease {
+                        delivery_id: delivery.id,
+                        token: rows::lease_token(row)?,
+                    },
+                    delivery,
+                    event: rows::event(row)?,
+                    subscription: rows::subscription(row, &self.keyring)?,
+                });
+            }
+            Ok(out)
+        })
+        .await
+    }
 }
 
 // In-flight lookups by id. Statements that find in-flight deliveries by id
@@ -1002,16 +1115,21 @@ impl Store for PgStore {
         deliveries: Vec<NewDelivery>,
     ) -> Result<Accepted> {
         let (event, deliveries) = (&event, &deliveries);
-        self.bounded(with_partitions(self, || async move {
-            let mut tx = begin(self).await?;
-            let accepted = insert_event(&mut tx, event, deliveries, self.writes()).await?;
-            if !accepted.duplicate {
-                commit(tx).await?;
-            }
-            // A duplicate wrote nothing; the rollback on drop is a no-op.
-            Ok(accepted)
-        }))
-        .await
+        let accepted = self
+            .bounded(with_partitions(self, || async move {
+                let mut tx = begin(self).await?;
+                let accepted = insert_event(&mut tx, event, deliveries, self.writes()).await?;
+                if !accepted.duplicate {
+                    commit(tx).await?;
+                }
+                // A duplicate wrote nothing; the rollback on drop is a no-op.
+                Ok(accepted)
+            }))
+            .await?;
+        if !accepted.duplicate {
+            self.wrote_deliveries(self.rows_now(deliveries.len()));
+        }
+        Ok(accepted)
     }
 
     async fn accept_events(
@@ -1022,24 +1140,33 @@ impl Store for PgStore {
             return Ok(Vec::new());
         }
         let batch = &batch;
-        self.bounded(with_partitions(self, || async move {
-            let mut tx = begin(self).await?;
-            match insert_events(&mut tx, batch, self.writes()).await {
-                Ok(results) => {
-                    commit(tx).await?;
-                    return Ok(results);
+        let results = self
+            .bounded(with_partitions(self, || async move {
+                let mut tx = begin(self).await?;
+                match insert_events(&mut tx, batch, self.writes()).await {
+                    Ok(results) => {
+                        commit(tx).await?;
+                        return Ok(results);
+                    }
+                    // One event is at fault, and PostgreSQL does not say which:
+                    // start over, one event at a time (rare: a bug, not load).
+                    Err(e) if is_event_error(&e) => drop(tx),
+                    Err(e) => return Err(e),
                 }
-                // One event is at fault, and PostgreSQL does not say which:
-                // start over, one event at a time (rare: a bug, not load).
-                Err(e) if is_event_error(&e) => drop(tx),
-                Err(e) => return Err(e),
-            }
-            let mut tx = begin(self).await?;
-            let results = insert_events_one_by_one(&mut tx, batch, self.writes()).await?;
-            commit(tx).await?;
-            Ok(results)
-        }))
-        .await
+                let mut tx = begin(self).await?;
+                let results = insert_events_one_by_one(&mut tx, batch, self.writes()).await?;
+                commit(tx).await?;
+                Ok(results)
+            }))
+            .await?;
+        let written: usize = batch
+            .iter()
+            .zip(&results)
+            .filter(|(_, r)| matches!(r, Ok(a) if !a.duplicate))
+            .map(|((_, ds), _)| self.rows_now(ds.len()))
+            .sum();
+        self.wrote_deliveries(written);
+        Ok(results)
     }
 
     async fn get_event(&self, id: &EventId) -> Result<Event> {
@@ -1059,7 +1186,11 @@ impl Store for PgStore {
     }
 
     async fn materialize_fanout(&self) -> Result<Option<hookd_store::FanoutStep>> {
-        crate::fanout::materialize(self).await
+        let step = crate::fanout::materialize(self).await?;
+        if let Some(step) = &step {
+            self.wrote_deliveries(step.created as usize);
+        }
+        Ok(step)
     }
 
     async fn fanout_backlog(&self) -> Result<hookd_store::FanoutBacklog> {
@@ -1183,39 +1314,51 @@ impl Store for PgStore {
     }
 
     async fn claim_many(&self, reqs: &[ClaimRequest]) -> Result<Vec<Vec<ClaimedDelivery>>> {
-        // Each claim is one autocommit statement and `SKIP LOCKED` keeps
-        // concurrent ones apart, so a pass's claims run a few at a time on
-        // the pool instead of one round trip after another. Requests that
-        // could take the same rows (those of one host) run one after
-        // another, in the order given, so the earlier one gets first pick,
-        // as the contract says.
-        use futures::{StreamExt as _, TryStreamExt as _};
-        let mut groups: Vec<Vec<usize>> = Vec::new();
-        let mut group_of: HashMap<&str, usize> = HashMap::new();
+        // Requests that could take the same rows (those of one host) go in
+        // different rounds, in the order given, so the earlier one gets
+        // first pick, as the contract says. Within a round every request
+        // has its own host: one statement per (filter, order) claims for
+        // all of them, and `SKIP LOCKED` keeps concurrent claimers apart.
+        // Typically two rounds of one or two statements per pass, where
+        // there was a statement (and a commit) per request.
+        let mut rounds: Vec<Vec<usize>> = Vec::new();
+        let mut taken: HashMap<&str, usize> = HashMap::new();
         for (i, req) in reqs.iter().enumerate() {
-            let g = *group_of.entry(req.destination.as_str()).or_insert_with(|| {
-                groups.push(Vec::new());
-                groups.len() - 1
-            });
-            groups[g].push(i);
+            let round = taken.entry(req.destination.as_str()).or_insert(0);
+            if rounds.len() <= *round {
+                rounds.push(Vec::new());
+            }
+            rounds[*round].push(i);
+            *round += 1;
         }
-        let runs: Vec<_> = groups
-            .into_iter()
-            .map(|group| async move {
-                let mut out = Vec::with_capacity(group.len());
-                for i in group {
-                    out.push((i, self.claim_due(&reqs[i]).await?));
-                }
-                Ok::<_, StoreError>(out)
-            })
-            .collect();
-        let done: Vec<Vec<(usize, Vec<ClaimedDelivery>)>> = futures::stream::iter(runs)
-            .buffer_unordered(CLAIMS_AT_ONCE)
-            .try_collect()
-            .await?;
         let mut out: Vec<Vec<ClaimedDelivery>> = vec![Vec::new(); reqs.len()];
-        for (i, claimed) in done.into_iter().flatten() {
-            out[i] = claimed;
+        for round in rounds {
+            // One statement per variant; the variants of a round touch
+            // disjoint hosts, so they run at once.
+            let mut variants: Vec<((bool, ClaimOrder, Duration, &str), Vec<usize>)> = Vec::new();
+            for i in round {
+                let r = &reqs[i];
+                let key = (
+                    r.subscription.is_some(),
+                    r.order,
+                    r.lease,
+                    r.worker_id.as_str(),
+                );
+                match variants.iter_mut().find(|(k, _)| *k == key) {
+                    Some((_, members)) => members.push(i),
+                    None => variants.push((key, vec![i])),
+                }
+            }
+            let groups: Vec<Vec<usize>> = variants.into_iter().map(|(_, m)| m).collect();
+            let done = futures::future::try_join_all(
+                groups
+                    .into_iter()
+                    .map(|members| self.claim_batch(reqs, members)),
+            )
+            .await?;
+            for (i, claimed) in done.into_iter().flatten() {
+                out[i] = claimed;
+            }
         }
         Ok(out)
     }

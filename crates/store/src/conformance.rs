@@ -62,6 +62,7 @@ macro_rules! conformance_tests {
             concurrent_batches_with_one_key_create_exactly_one_event,
             claims_take_due_deliveries_of_one_destination_oldest_first,
             claim_many_claims_for_every_request_in_order_and_nothing_twice,
+            claim_many_claims_for_many_hosts_at_once,
             claimed_deliveries_are_not_claimed_again_while_leased,
             concurrent_claimers_never_share_a_delivery,
             expired_lease_is_claimable_again,
@@ -1370,6 +1371,66 @@ pub async fn claims_take_due_deliveries_of_one_destination_oldest_first(store: A
             .len(),
         5
     );
+}
+
+/// Many hosts in one call, as a dispatcher pass asks: each request gets its
+/// own host's deliveries in its order, up to its limit, whatever else the
+/// call claims beside it (a backend may claim for them all in one
+/// statement), and a host asked twice gets for the second what the first
+/// left.
+pub async fn claim_many_claims_for_many_hosts_at_once(store: Arc<dyn Store>) {
+    let mut subs = Vec::new();
+    for i in 0..4 {
+        subs.push(
+            store
+                .create_subscription(new_sub(&format!("many-{i}.example"), None))
+                .await
+                .unwrap(),
+        );
+    }
+    let refs: Vec<&Subscription> = subs.iter().collect();
+    // ids[k][i]: the k-th event's delivery to subscription i (oldest first).
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(ingest(&store, &refs).await.1);
+    }
+    let of =
+        |i: usize, ks: &[usize]| -> Vec<DeliveryId> { ks.iter().map(|&k| ids[k][i]).collect() };
+    let got = store
+        .claim_many(&[
+            sub_claim_req(&subs[0], ClaimOrder::OldestFirst, 2),
+            sub_claim_req(&subs[1], ClaimOrder::OldestFirst, 1),
+            sub_claim_req(&subs[2], ClaimOrder::NewestFirst, 2),
+            sub_claim_req(&subs[3], ClaimOrder::NewestFirst, 1),
+            claim_req(subs[1].url.host(), 5, LONG),
+            sub_claim_req(&subs[0], ClaimOrder::OldestFirst, 5),
+        ])
+        .await
+        .unwrap();
+    let got: Vec<Vec<DeliveryId>> = got
+        .iter()
+        .map(|list| list.iter().map(|c| c.delivery.id).collect())
+        .collect();
+    assert_eq!(got[0], of(0, &[0, 1]), "oldest two of host 0");
+    assert_eq!(got[1], of(1, &[0]), "oldest of host 1");
+    assert_eq!(got[2], of(2, &[2, 1]), "newest two of host 2");
+    assert_eq!(got[3], of(3, &[2]), "newest of host 3");
+    assert_eq!(got[4], of(1, &[1, 2]), "host 1 again: what the first left");
+    assert_eq!(got[5], of(0, &[2]), "host 0 again: what the first left");
+    // Everything but host 2's oldest and host 3's two oldest is claimed.
+    let left = store
+        .claim_many(&[
+            claim_req(subs[2].url.host(), 10, LONG),
+            claim_req(subs[3].url.host(), 10, LONG),
+            claim_req(subs[0].url.host(), 10, LONG),
+        ])
+        .await
+        .unwrap();
+    let left: Vec<Vec<DeliveryId>> = left
+        .iter()
+        .map(|list| list.iter().map(|c| c.delivery.id).collect())
+        .collect();
+    assert_eq!(left, vec![of(2, &[0]), of(3, &[0, 1]), vec![]]);
 }
 
 pub async fn claim_many_claims_for_every_request_in_order_and_nothing_twice(store: Arc<dyn Store>) {

@@ -226,6 +226,7 @@ pub(crate) async fn write_parts(shard: &PgStore, parts: &[Part]) -> Result<usize
             }
             insert_delivery_rows(&mut tx, &rows).await?;
             commit(tx).await?;
+            shard.wrote_deliveries(rows.len());
             Ok(todo.len())
         }))
         .await
