@@ -146,12 +146,11 @@ macro_rules! claim_batch_sql {
 /// conflict a replay of such a subscription's delivery reports.
 pub(crate) const DELETED: &str = "subscription deleted";
 
-/// Durations travel to SQL as whole microseconds (`$n * interval '1 microsecond'`),
-/// PostgreSQL's own resolution, so no float rounding moves a due time.
-
 /// Rows per [`Store::reseal_secrets`] transaction.
 const RESEAL_BATCH: i64 = 500;
 
+/// Durations travel to SQL as whole microseconds (`$n * interval '1 microsecond'`),
+/// PostgreSQL's own resolution, so no float rounding moves a due time.
 fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
