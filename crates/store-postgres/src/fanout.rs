@@ -18,6 +18,27 @@ use crate::PgStore;
 use crate::error::map;
 use crate::store::{DELETED, begin, commit, insert_deliveries, with_partitions};
 
+/// Refuses one event's planned deliveries as writing their rows would: one
+/// naming a subscription not in `known`, or two naming one subscription.
+pub(crate) fn check_deliveries(known: &HashSet<Uuid>, deliveries: &[NewDelivery]) -> Result<()> {
+    let mut seen = HashSet::with_capacity(deliveries.len());
+    for d in deliveries {
+        if !known.contains(d.sub_id.as_uuid()) {
+            return Err(StoreError::Conflict(format!(
+                "a delivery names {}, which does not exist",
+                d.sub_id
+            )));
+        }
+        if !seen.insert(d.sub_id) {
+            return Err(StoreError::Conflict(format!(
+                "two deliveries of one event name {}",
+                d.sub_id
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Writes `event`'s deliveries as a fan-out job, inside the caller's
 /// transaction (the event row is written already): the deliveries of
 /// ordered subscriptions at once (a later event's delivery must not
@@ -39,21 +60,7 @@ pub(crate) async fn write_job(
     // Refused, as writing the rows would be: a job must never hold a
     // delivery it cannot write.
     let known: HashSet<Uuid> = rows.iter().map(|(id, _)| *id).collect();
-    let mut seen = HashSet::with_capacity(deliveries.len());
-    for d in deliveries {
-        if !known.contains(d.sub_id.as_uuid()) {
-            return Err(StoreError::Conflict(format!(
-                "a delivery names {}, which does not exist",
-                d.sub_id
-            )));
-        }
-        if !seen.insert(d.sub_id) {
-            return Err(StoreError::Conflict(format!(
-                "two deliveries of one event name {}",
-                d.sub_id
-            )));
-        }
-    }
+    check_deliveries(&known, deliveries)?;
     let ordered: HashSet<Uuid> = rows
         .into_iter()
         .filter_map(|(id, ordered)| ordered.then_some(id))

@@ -692,6 +692,20 @@ fn answered<T>(what: &str, results: Vec<Result<T>>) -> Result<Vec<T>> {
     Ok(ok)
 }
 
+/// The answers of the shards that have it (`NotFound` from the others is
+/// no error), or the first other error.
+fn found<T>(results: Vec<Result<T>>) -> Result<Vec<T>> {
+    let mut out = Vec::new();
+    for r in results {
+        match r {
+            Ok(v) => out.push(v),
+            Err(StoreError::NotFound) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
+}
+
 /// Every answer, or the first error.
 fn all<T>(results: Vec<Result<T>>) -> Result<Vec<T>> {
     results.into_iter().collect()
@@ -1103,33 +1117,17 @@ impl Store for ShardedStore {
     }
 
     async fn get_replay_job(&self, id: &JobId) -> Result<ReplayJob> {
-        let mut parts = Vec::new();
-        for r in self
+        let parts = self
             .on_shards(|s| async move { s.get_replay_job(id).await })
-            .await
-        {
-            match r {
-                Ok(job) => parts.push(job),
-                Err(StoreError::NotFound) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        merge_jobs(parts).ok_or(StoreError::NotFound)
+            .await;
+        merge_jobs(found(parts)?).ok_or(StoreError::NotFound)
     }
 
     async fn cancel_replay_job(&self, id: &JobId) -> Result<ReplayJob> {
-        let mut parts = Vec::new();
-        for r in self
+        let parts = self
             .on_shards(|s| async move { s.cancel_replay_job(id).await })
-            .await
-        {
-            match r {
-                Ok(job) => parts.push(job),
-                Err(StoreError::NotFound) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        merge_jobs(parts).ok_or(StoreError::NotFound)
+            .await;
+        merge_jobs(found(parts)?).ok_or(StoreError::NotFound)
     }
 
     async fn running_replay_jobs(&self, limit: u32) -> Result<Vec<ReplayJob>> {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use hookd_domain::{CustomerId, EventId, Timestamp};
 use hookd_store::fanout::{decode_batch, encode_batch};
-use hookd_store::{NewDelivery, NewEvent, Result, StoreError};
+use hookd_store::{NewDelivery, NewEvent, Result};
 use sqlx::{Postgres, Row, Transaction};
 use uuid::Uuid;
 
@@ -48,21 +48,7 @@ pub(crate) async fn write(
             .into_iter()
             .collect();
     for (_, deliveries) in &items {
-        let mut seen = HashSet::with_capacity(deliveries.len());
-        for d in deliveries.iter() {
-            if !known.contains(d.sub_id.as_uuid()) {
-                return Err(StoreError::Conflict(format!(
-                    "a delivery names {}, which does not exist",
-                    d.sub_id
-                )));
-            }
-            if !seen.insert(d.sub_id) {
-                return Err(StoreError::Conflict(format!(
-                    "two deliveries of one event name {}",
-                    d.sub_id
-                )));
-            }
-        }
+        crate::fanout::check_deliveries(&known, deliveries)?;
     }
     sqlx::query(
         "INSERT INTO shard_outbox (event_id, deliveries) \
