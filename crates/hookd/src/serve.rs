@@ -195,7 +195,10 @@ pub async fn open_store_sharded(
         "--shard needs PostgreSQL: the control database (--database) must be postgres://…"
     );
     if let Some(shard) = shards.iter().find(|s| !is_postgres(s)) {
-        anyhow::bail!("--shard {shard}: a shard must be a postgres://… URL");
+        anyhow::bail!(
+            "--shard {}: a shard must be a postgres://… URL",
+            crate::cli::redact_url(shard)
+        );
     }
     if is_postgres(url) {
         let defaults = hookd_store_postgres::PgOptions::default();
