@@ -347,6 +347,46 @@ impl PgStore {
     }
 }
 
+impl PgStore {
+    /// [`Store::accept_events`] on a borrowed batch (a sharded deployment
+    /// still needs the batch after the control database took it).
+    pub(crate) async fn accept_batch(
+        &self,
+        batch: &[(NewEvent, Vec<NewDelivery>)],
+    ) -> Result<Vec<Result<Accepted>>> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let results = self
+            .bounded(with_partitions(self, || async move {
+                let mut tx = begin(self).await?;
+                match insert_events(&mut tx, batch, self.writes()).await {
+                    Ok(results) => {
+                        commit(tx).await?;
+                        return Ok(results);
+                    }
+                    // One event is at fault, and PostgreSQL does not say which:
+                    // start over, one event at a time (rare: a bug, not load).
+                    Err(e) if is_event_error(&e) => drop(tx),
+                    Err(e) => return Err(e),
+                }
+                let mut tx = begin(self).await?;
+                let results = insert_events_one_by_one(&mut tx, batch, self.writes()).await?;
+                commit(tx).await?;
+                Ok(results)
+            }))
+            .await?;
+        let written: usize = batch
+            .iter()
+            .zip(&results)
+            .filter(|(_, r)| matches!(r, Ok(a) if !a.duplicate))
+            .map(|((_, ds), _)| self.rows_now(ds.len()))
+            .sum();
+        self.wrote_deliveries(written);
+        Ok(results)
+    }
+}
+
 // In-flight lookups by id. Statements that find in-flight deliveries by id
 // test `(state || '') = 'inflight'`, not `state = 'inflight'`. The plain
 // test proves the predicate of the partial index `deliveries_lease`. On a
@@ -1135,37 +1175,7 @@ impl Store for PgStore {
         &self,
         batch: Vec<(NewEvent, Vec<NewDelivery>)>,
     ) -> Result<Vec<Result<Accepted>>> {
-        if batch.is_empty() {
-            return Ok(Vec::new());
-        }
-        let batch = &batch;
-        let results = self
-            .bounded(with_partitions(self, || async move {
-                let mut tx = begin(self).await?;
-                match insert_events(&mut tx, batch, self.writes()).await {
-                    Ok(results) => {
-                        commit(tx).await?;
-                        return Ok(results);
-                    }
-                    // One event is at fault, and PostgreSQL does not say which:
-                    // start over, one event at a time (rare: a bug, not load).
-                    Err(e) if is_event_error(&e) => drop(tx),
-                    Err(e) => return Err(e),
-                }
-                let mut tx = begin(self).await?;
-                let results = insert_events_one_by_one(&mut tx, batch, self.writes()).await?;
-                commit(tx).await?;
-                Ok(results)
-            }))
-            .await?;
-        let written: usize = batch
-            .iter()
-            .zip(&results)
-            .filter(|(_, r)| matches!(r, Ok(a) if !a.duplicate))
-            .map(|((_, ds), _)| self.rows_now(ds.len()))
-            .sum();
-        self.wrote_deliveries(written);
-        Ok(results)
+        self.accept_batch(&batch).await
     }
 
     async fn get_event(&self, id: &EventId) -> Result<Event> {

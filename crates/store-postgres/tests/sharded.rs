@@ -63,6 +63,21 @@ fn to(sub: &Subscription) -> NewDelivery {
     }
 }
 
+/// An event's deliveries, read through the deployment (every shard).
+async fn of_event(
+    store: &ShardedStore,
+    event: hookd_domain::EventId,
+) -> Vec<hookd_store::DeliveryDetail> {
+    store
+        .list_deliveries(&DeliveryQuery {
+            event_id: Some(event),
+            limit: 100,
+            ..DeliveryQuery::default()
+        })
+        .await
+        .unwrap()
+}
+
 async fn subscribe(store: &ShardedStore, hosts: &[String]) -> Vec<Subscription> {
     let mut subs = Vec::new();
     for host in hosts {
@@ -126,15 +141,7 @@ async fn deliveries_land_on_the_shard_of_their_host_and_nowhere_else() {
     );
 
     // Read back through the deployment: one list, every delivery; each by id.
-    let listed = d
-        .store
-        .list_deliveries(&DeliveryQuery {
-            event_id: Some(accepted.event_id),
-            limit: 100,
-            ..DeliveryQuery::default()
-        })
-        .await
-        .unwrap();
+    let listed = of_event(&d.store, accepted.event_id).await;
     assert_eq!(listed.len(), 12);
     assert!(
         listed
@@ -216,15 +223,7 @@ async fn a_shard_that_fails_during_ingest_loses_nothing_and_the_sweeper_finishes
         HashSet::from([deliveries[1].id]),
         "shard 1: its part, once"
     );
-    let listed = d
-        .store
-        .list_deliveries(&DeliveryQuery {
-            event_id: Some(accepted.event_id),
-            limit: 100,
-            ..DeliveryQuery::default()
-        })
-        .await
-        .unwrap();
+    let listed = of_event(&d.store, accepted.event_id).await;
     assert_eq!(listed.len(), 2);
 }
 

@@ -342,16 +342,7 @@ fn lines_with(logs: &[String], what: &str) -> usize {
 /// The attempts `node` has under way to `hosts` (`hookd_destination_in_flight`
 /// in its `/metrics`); `None` if it does not answer.
 async fn in_flight_to(node: &ServeProcess, hosts: &[String]) -> Option<f64> {
-    let text = node
-        .client
-        .get(node.url("/metrics"))
-        .bearer_auth(PROCESS_TOKEN)
-        .send()
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
+    let text = node.metrics_text().await?;
     let series: Vec<String> = hosts
         .iter()
         .map(|h| format!("hookd_destination_in_flight{{destination=\"{h}\"}}"))

@@ -327,16 +327,7 @@ async fn a_circuit_opening_on_one_node_opens_it_on_the_others_but_each_closes_it
 
 /// `hookd_live_worker_nodes` as a `hookd serve` process reports it.
 async fn live_worker_nodes(p: &ServeProcess) -> Option<f64> {
-    let text = p
-        .client
-        .get(p.url("/metrics"))
-        .bearer_auth(PROCESS_TOKEN)
-        .send()
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
+    let text = p.metrics_text().await?;
     text.lines()
         .find_map(|l| l.strip_prefix("hookd_live_worker_nodes "))
         .and_then(|v| v.trim().parse().ok())

@@ -551,6 +551,19 @@ impl ServeProcess {
         .await
     }
 
+    /// Its `/metrics` text; `None` if it does not answer.
+    pub async fn metrics_text(&self) -> Option<String> {
+        self.client
+            .get(self.url("/metrics"))
+            .bearer_auth(PROCESS_TOKEN)
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
     }

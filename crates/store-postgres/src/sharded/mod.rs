@@ -115,6 +115,10 @@ impl Topology {
     }
 }
 
+/// Per host, per subscription with due work there: the shards that listed
+/// it, oldest first.
+type DueShards = HashMap<String, Vec<(SubscriptionId, Vec<usize>)>>;
+
 /// [`Store`] over a control database and its shards. See the module docs.
 #[derive(Debug)]
 pub struct ShardedStore {
@@ -127,9 +131,9 @@ pub struct ShardedStore {
     checked: tokio::sync::Mutex<Instant>,
     /// Which shard each delivery this node holds a lease on came from.
     leases: Mutex<HashMap<DeliveryId, usize>>,
-    /// From the last due listing: which shards have due work of a
-    /// (host, subscription), oldest first.
-    due: Mutex<HashMap<(String, SubscriptionId), Vec<usize>>>,
+    /// From the last due listing: which shards have due work at each host,
+    /// by subscription, oldest first.
+    due: Mutex<DueShards>,
     next_fanout: AtomicUsize,
     swept: Mutex<Option<Instant>>,
     /// [`SWEEP_AFTER`], unless changed.
@@ -472,12 +476,26 @@ impl ShardedStore {
         join_all(topo.shards.iter().map(|s| f(s.store.clone()))).await
     }
 
-    /// Which shard holds delivery `id`: the one this node claimed it from,
-    /// else the one that has it.
-    async fn shard_of_delivery(&self, id: &DeliveryId) -> Result<usize> {
-        if let Some(&s) = self.leases_lock().get(id) {
-            return Ok(s);
+    /// Which shard holds each of `ids`: the one this node claimed it from
+    /// (one look at the lease map for all of them), else, for the few this
+    /// node did not claim, the shard that has it (`NotFound` if none).
+    async fn shards_of(&self, ids: &[DeliveryId]) -> Result<Vec<usize>> {
+        let known: Vec<Option<usize>> = {
+            let leases = self.leases_lock();
+            ids.iter().map(|id| leases.get(id).copied()).collect()
+        };
+        let mut out = Vec::with_capacity(ids.len());
+        for (id, known) in ids.iter().zip(known) {
+            out.push(match known {
+                Some(s) => s,
+                None => self.find_delivery(id).await?,
+            });
         }
+        Ok(out)
+    }
+
+    /// The shard that has delivery `id`, asking every shard.
+    async fn find_delivery(&self, id: &DeliveryId) -> Result<usize> {
         let found = self
             .on_shards(|s| async move { s.get_delivery(id).await })
             .await;
@@ -490,6 +508,11 @@ impl ShardedStore {
             }
         }
         Err(err.unwrap_or(StoreError::NotFound))
+    }
+
+    /// [`shards_of`](Self::shards_of) for one delivery.
+    async fn shard_of_delivery(&self, id: &DeliveryId) -> Result<usize> {
+        Ok(self.shards_of(std::slice::from_ref(id)).await?[0])
     }
 
     fn leases_lock(&self) -> std::sync::MutexGuard<'_, HashMap<DeliveryId, usize>> {
@@ -823,7 +846,7 @@ impl Store for ShardedStore {
         batch: Vec<(NewEvent, Vec<NewDelivery>)>,
     ) -> Result<Vec<Result<Accepted>>> {
         self.refresh().await;
-        let results = self.control.accept_events(batch.clone()).await?;
+        let results = self.control.accept_batch(&batch).await?;
         let accepted: Vec<(NewEvent, Vec<NewDelivery>)> = batch
             .into_iter()
             .zip(&results)
@@ -896,20 +919,24 @@ impl Store for ShardedStore {
             return Err(all_failed("due destinations", errors));
         }
         rows.sort_by_key(|(_, sub, _)| sub.oldest_due_at);
-        let mut from: HashMap<(String, SubscriptionId), Vec<usize>> = HashMap::new();
+        let mut from: DueShards = HashMap::new();
         let mut merged: Vec<(String, DueSubscription)> = Vec::new();
         let mut at: HashMap<(String, SubscriptionId), usize> = HashMap::new();
         for (host, sub, i) in rows {
-            let key = (host.clone(), sub.sub_id);
-            from.entry(key.clone()).or_default().push(i);
+            let subs = from.entry(host.clone()).or_default();
+            match subs.iter_mut().find(|(id, _)| *id == sub.sub_id) {
+                Some((_, shards)) => shards.push(i),
+                None => subs.push((sub.sub_id, vec![i])),
+            }
+            let key = (host, sub.sub_id);
             match at.get(&key) {
                 Some(&j) => {
                     let first = &mut merged[j].1;
                     first.newest_due_at = first.newest_due_at.max(sub.newest_due_at);
                 }
                 None => {
-                    at.insert(key, merged.len());
-                    merged.push((host, sub));
+                    at.insert(key.clone(), merged.len());
+                    merged.push((key.0, sub));
                 }
             }
         }
@@ -931,14 +958,14 @@ impl Store for ShardedStore {
             let due = self.due.lock().unwrap_or_else(|p| p.into_inner());
             reqs.iter()
                 .map(|r| {
+                    let subs = due.get(&r.destination);
                     let listed = match &r.subscription {
-                        Some(sub) => due
-                            .get(&(r.destination.clone(), *sub))
-                            .and_then(|v| v.first()),
-                        None => due
-                            .iter()
-                            .find(|((host, _), _)| *host == r.destination)
-                            .and_then(|(_, v)| v.first()),
+                        Some(sub) => subs
+                            .and_then(|v| v.iter().find(|(id, _)| id == sub))
+                            .and_then(|(_, shards)| shards.first()),
+                        None => subs
+                            .and_then(|v| v.first())
+                            .and_then(|(_, shards)| shards.first()),
                     };
                     match (listed, &r.subscription) {
                         (Some(&s), _) if s < topo.shards.len() => s,
@@ -1002,9 +1029,10 @@ impl Store for ShardedStore {
     }
 
     async fn record_attempts(&self, records: Vec<AttemptRecord>) -> Result<Vec<RecordOutcome>> {
+        let ids: Vec<DeliveryId> = records.iter().map(|r| r.lease.delivery_id).collect();
+        let routes = self.shards_of(&ids).await?;
         let mut per_shard: BTreeMap<usize, (Vec<usize>, Vec<AttemptRecord>)> = BTreeMap::new();
-        for (i, record) in records.iter().enumerate() {
-            let s = self.shard_of_delivery(&record.lease.delivery_id).await?;
+        for (i, (record, s)) in records.iter().zip(routes).enumerate() {
             let entry = per_shard.entry(s).or_default();
             entry.0.push(i);
             entry.1.push(record.clone());
@@ -1039,13 +1067,24 @@ impl Store for ShardedStore {
 
     async fn release(&self, leases: &[Lease]) -> Result<u64> {
         let mut per_shard: BTreeMap<usize, Vec<Lease>> = BTreeMap::new();
-        for lease in leases {
-            match self.shard_of_delivery(&lease.delivery_id).await {
-                Ok(s) => per_shard.entry(s).or_default().push(*lease),
-                // Gone: nothing to give back.
-                Err(StoreError::NotFound) => {}
-                Err(e) => return Err(e),
-            }
+        let known: Vec<Option<usize>> = {
+            let held = self.leases_lock();
+            leases
+                .iter()
+                .map(|l| held.get(&l.delivery_id).copied())
+                .collect()
+        };
+        for (lease, known) in leases.iter().zip(known) {
+            let shard = match known {
+                Some(s) => s,
+                None => match self.find_delivery(&lease.delivery_id).await {
+                    Ok(s) => s,
+                    // Gone: nothing to give back.
+                    Err(StoreError::NotFound) => continue,
+                    Err(e) => return Err(e),
+                },
+            };
+            per_shard.entry(shard).or_default().push(*lease);
         }
         let mut released = 0;
         for (s, leases) in per_shard {
