@@ -43,6 +43,10 @@ pub struct ReplayArgs {
     /// How often to look at the job's progress.
     #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
     every: Duration,
+    /// No progress bar: print the job, as `GET /jobs/{id}` answers it, once
+    /// it has ended (for scripts).
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -73,16 +77,23 @@ pub async fn run(args: ReplayArgs) -> anyhow::Result<()> {
         body["statuses"] = args.statuses.clone().into();
     }
     let path = format!("/subscriptions/{}/replay", segment(&args.subscription));
-    let mut job: Job = client
+    let mut raw: serde_json::Value = client
         .post(&path, &body)
         .await
         .and_then(|a| a.json())
         .context("starting the replay job")?;
-    eprintln!(
-        "replay job {} started: {} deliveries (interrupting this command leaves it running)",
-        job.job_id, job.total
-    );
-    let bar = indicatif::ProgressBar::new(job.total);
+    let mut job: Job = serde_json::from_value(raw.clone()).context("the job's JSON")?;
+    if !args.json {
+        eprintln!(
+            "replay job {} started: {} deliveries (interrupting this command leaves it running)",
+            job.job_id, job.total
+        );
+    }
+    let bar = if args.json {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new(job.total)
+    };
     bar.set_style(
         indicatif::ProgressStyle::with_template(
             "{bar:40} {pos}/{len} ({percent}%) {msg} [{elapsed_precise}, eta {eta}]",
@@ -99,17 +110,22 @@ pub async fn run(args: ReplayArgs) -> anyhow::Result<()> {
             break;
         }
         tokio::time::sleep(args.every).await;
-        job = client
+        raw = client
             .get(&format!("/jobs/{}", segment(&job.job_id)), &[])
             .await
             .and_then(|a| a.json())
             .context("reading the job's progress")?;
+        job = serde_json::from_value(raw.clone()).context("the job's JSON")?;
     }
     bar.finish();
-    println!(
-        "job {} {}: {} delivered, {} failed, {} skipped of {}",
-        job.job_id, job.state, job.done, job.failed, job.skipped, job.total
-    );
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&raw)?);
+    } else {
+        println!(
+            "job {} {}: {} delivered, {} failed, {} skipped of {}",
+            job.job_id, job.state, job.done, job.failed, job.skipped, job.total
+        );
+    }
     anyhow::ensure!(
         job.state == "completed",
         "the job was {} before it completed",

@@ -451,6 +451,30 @@ async fn hookd_replay_shows_a_job_through_to_its_end() {
     assert!(stderr.contains("25 deliveries"), "{stderr}");
     assert_eq!(rx.count(), 25);
 
+    // `--json`: no bar, and the ended job as the API gives it, for scripts.
+    let out = hookd_replay(
+        &app,
+        &[
+            "--subscription",
+            &sub_id,
+            "--since",
+            &an_hour_ago(),
+            "--status",
+            "delivered",
+            "--every",
+            "50ms",
+            "--json",
+        ],
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let job: Value = serde_json::from_str(&stdout).expect("stdout is the job's JSON");
+    assert_eq!(job["state"], "completed", "{job}");
+    assert_eq!(job["total"], 25, "{job}");
+    assert_eq!(job["done"], 25, "{job}");
+    assert_eq!(rx.count(), 50);
+
     // An unknown subscription is a clear error and a failing exit.
     let out = hookd_replay(
         &app,
