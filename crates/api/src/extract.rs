@@ -103,7 +103,55 @@ pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiErro
     })?;
     de.end()
         .map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))?;
+    // Only an escape can put U+0000 in a JSON string, so a body without one
+    // (nearly every body) costs one scan for a backslash sequence.
+    if bytes.windows(6).any(|w| w == b"\\u0000") {
+        refuse_nul(bytes)?;
+    }
     Ok(value)
+}
+
+/// Refuses a body with U+0000 in any string or key, naming where.
+///
+/// PostgreSQL's `text` cannot hold it, and no name, key, label or URL needs
+/// it, so it is refused on both backends alike (422) before anything is
+/// written. An event's top-level `payload` is exempt: it is kept as the
+/// producer's JSON text, where `\u0000` stays an escape.
+fn refuse_nul(bytes: &[u8]) -> Result<(), ApiError> {
+    fn walk(v: &serde_json::Value, path: &str) -> Option<String> {
+        match v {
+            serde_json::Value::String(s) if s.contains('\0') => Some(path.to_owned()),
+            serde_json::Value::Array(items) => items
+                .iter()
+                .enumerate()
+                .find_map(|(i, item)| walk(item, &format!("{path}[{i}]"))),
+            serde_json::Value::Object(map) => map.iter().find_map(|(k, item)| {
+                let here = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                if k.contains('\0') {
+                    return Some(here);
+                }
+                if path.is_empty() && k == "payload" {
+                    return None;
+                }
+                walk(item, &here)
+            }),
+            _ => None,
+        }
+    }
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(bytes) else {
+        return Ok(());
+    };
+    match walk(&value, "") {
+        None => Ok(()),
+        Some(path) => Err(ApiError::invalid(
+            &path,
+            "contains the NUL character (U+0000), which hookd does not store",
+        )),
+    }
 }
 
 /// The query string of a request, consumed parameter by parameter.
@@ -119,7 +167,16 @@ impl<S: Send + Sync> FromRequestParts<S> for QueryParams {
         let query = parts.uri.query().unwrap_or("");
         let pairs = url::form_urlencoded::parse(query.as_bytes())
             .map(|(k, v)| (k.into_owned(), v.into_owned()))
-            .collect();
+            .collect::<Vec<(String, String)>>();
+        if let Some((k, _)) = pairs
+            .iter()
+            .find(|(k, v)| k.contains('\0') || v.contains('\0'))
+        {
+            let k: String = k.chars().filter(|c| *c != '\0').take(64).collect();
+            return Err(ApiError::BadRequest(format!(
+                "query parameter `{k}` contains the NUL character (U+0000)"
+            )));
+        }
         Ok(Self { pairs })
     }
 }

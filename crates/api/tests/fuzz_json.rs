@@ -3,7 +3,9 @@
 //! carries the one error shape `{"error":{"code","message"}}`.
 //!
 //! The real router runs in-process (`tower::ServiceExt::oneshot`) over a
-//! SQLite store in a temp dir, with a real subscription to patch and replay.
+//! SQLite store in a temp dir and over PostgreSQL (a fresh schema), each with
+//! a real subscription to patch and replay: a string one backend stores and
+//! the other refuses (U+0000 in PostgreSQL's `text`) is a 5xx found here.
 //! Case counts are small so this runs in seconds with the rest of
 //! `cargo test`; `PROPTEST_CASES=5000` runs it longer.
 
@@ -24,12 +26,54 @@ use tower::ServiceExt as _;
 const ADMIN: &str = "fuzz-admin-token";
 const CUSTOMER: &str = "fuzz-customer-token";
 
+/// The real router over one store, with a real subscription of the
+/// customer's to patch and replay.
+struct App {
+    backend: &'static str,
+    app: axum::Router,
+    sub_id: String,
+}
+
 struct Fixture {
     rt: tokio::runtime::Runtime,
-    app: axum::Router,
-    /// A real subscription of the customer's, for PATCH and replay.
-    sub_id: String,
+    /// SQLite, then PostgreSQL (when `HOOKD_TEST_DATABASE_URL` is set; under
+    /// `CI=true` it must be): what one backend stores, the other must too.
+    apps: Vec<App>,
     _dir: tempfile::TempDir,
+    _db: Option<hookd_store_postgres::testing::TestDatabase>,
+}
+
+async fn app_over(backend: &'static str, store: Arc<dyn hookd_store::Store>) -> App {
+    store.migrate().await.unwrap();
+    store
+        .create_token(NewToken {
+            token_hash: hash_token(CUSTOMER).to_vec(),
+            customer_id: Some(CustomerId::parse("acme").unwrap()),
+            label: None,
+            expires_at: None,
+        })
+        .await
+        .unwrap();
+    let config = ApiConfig {
+        admin_token_hash: Some(hash_token(ADMIN)),
+        ..ApiConfig::new(DestinationPolicy::PublicOnly)
+    };
+    let app = router(AppState::new(store, config, Arc::new(Notify::new())));
+    let body = json!({"url": "https://hooks.example.com/in", "event_types": ["*"]});
+    let (status, created) = send(
+        &app,
+        Method::POST,
+        "/subscriptions",
+        CUSTOMER,
+        body.to_string().into_bytes(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{backend}: {created}");
+    App {
+        backend,
+        app,
+        sub_id: created["sub_id"].as_str().unwrap().to_owned(),
+    }
 }
 
 static FIXTURE: LazyLock<Fixture> = LazyLock::new(|| {
@@ -39,47 +83,28 @@ static FIXTURE: LazyLock<Fixture> = LazyLock::new(|| {
         .build()
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let (app, sub_id) = rt.block_on(async {
-        let store = hookd_store_sqlite::SqliteStore::connect(&dir.path().join("hookd.db"))
+    let (apps, db) = rt.block_on(async {
+        let sqlite = hookd_store_sqlite::SqliteStore::connect(&dir.path().join("hookd.db"))
             .await
             .unwrap();
-        use hookd_store::Store as _;
-        store.migrate().await.unwrap();
-        store
-            .create_token(NewToken {
-                token_hash: hash_token(CUSTOMER).to_vec(),
-                customer_id: Some(CustomerId::parse("acme").unwrap()),
-                label: None,
-                expires_at: None,
-            })
+        let mut apps = vec![app_over("sqlite", Arc::new(sqlite)).await];
+        let db = hookd_store_postgres::testing::fresh_schema().await;
+        if let Some(db) = &db {
+            let pg = hookd_store_postgres::PgStore::connect(
+                &db.url,
+                hookd_store_postgres::PgOptions::default(),
+            )
             .await
             .unwrap();
-        let config = ApiConfig {
-            admin_token_hash: Some(hash_token(ADMIN)),
-            ..ApiConfig::new(DestinationPolicy::PublicOnly)
-        };
-        let app = router(AppState::new(
-            Arc::new(store),
-            config,
-            Arc::new(Notify::new()),
-        ));
-        let body = json!({"url": "https://hooks.example.com/in", "event_types": ["*"]});
-        let (status, created) = send(
-            &app,
-            Method::POST,
-            "/subscriptions",
-            CUSTOMER,
-            body.to_string().into_bytes(),
-        )
-        .await;
-        assert_eq!(status, StatusCode::CREATED, "{created}");
-        (app, created["sub_id"].as_str().unwrap().to_owned())
+            apps.push(app_over("postgres", Arc::new(pg)).await);
+        }
+        (apps, db)
     });
     Fixture {
         rt,
-        app,
-        sub_id,
+        apps,
         _dir: dir,
+        _db: db,
     }
 });
 
@@ -119,33 +144,36 @@ async fn send(
 /// customer, and checks each answer.
 fn post_everywhere(body: &[u8]) -> Result<(), TestCaseError> {
     let f = &*FIXTURE;
-    let sub = &f.sub_id;
-    let routes = [
-        (Method::POST, "/subscriptions".to_owned()),
-        (Method::POST, "/events".to_owned()),
-        (Method::PATCH, format!("/subscriptions/{sub}")),
-        (Method::POST, format!("/subscriptions/{sub}/replay")),
-    ];
-    for token in [ADMIN, CUSTOMER] {
-        for (method, path) in &routes {
-            let (status, got) =
-                f.rt.block_on(send(&f.app, method.clone(), path, token, body.to_vec()));
-            let what = format!(
-                "{method} {path} with {}",
-                String::from_utf8_lossy(&body[..body.len().min(300)])
-            );
-            prop_assert!(!status.is_server_error(), "{what}: {status} {got}");
-            if status.is_client_error() {
-                let error = got.as_object().and_then(|o| o.get("error"));
-                let shape = error
-                    .and_then(Value::as_object)
-                    .filter(|e| e.len() == 2)
-                    .filter(|e| e.get("code").is_some_and(Value::is_string))
-                    .filter(|e| e.get("message").is_some_and(Value::is_string));
-                prop_assert!(
-                    got.as_object().is_some_and(|o| o.len() == 1) && shape.is_some(),
-                    "{what}: {status} without the error shape: {got}"
+    for a in &f.apps {
+        let sub = &a.sub_id;
+        let routes = [
+            (Method::POST, "/subscriptions".to_owned()),
+            (Method::POST, "/events".to_owned()),
+            (Method::PATCH, format!("/subscriptions/{sub}")),
+            (Method::POST, format!("/subscriptions/{sub}/replay")),
+        ];
+        for token in [ADMIN, CUSTOMER] {
+            for (method, path) in &routes {
+                let (status, got) =
+                    f.rt.block_on(send(&a.app, method.clone(), path, token, body.to_vec()));
+                let what = format!(
+                    "{}: {method} {path} with {}",
+                    a.backend,
+                    String::from_utf8_lossy(&body[..body.len().min(300)])
                 );
+                prop_assert!(!status.is_server_error(), "{what}: {status} {got}");
+                if status.is_client_error() {
+                    let error = got.as_object().and_then(|o| o.get("error"));
+                    let shape = error
+                        .and_then(Value::as_object)
+                        .filter(|e| e.len() == 2)
+                        .filter(|e| e.get("code").is_some_and(Value::is_string))
+                        .filter(|e| e.get("message").is_some_and(Value::is_string));
+                    prop_assert!(
+                        got.as_object().is_some_and(|o| o.len() == 1) && shape.is_some(),
+                        "{what}: {status} without the error shape: {got}"
+                    );
+                }
             }
         }
     }
@@ -199,6 +227,7 @@ fn interesting_string() -> impl Strategy<Value = String> {
         Just("active".to_owned()),
         Just("disabled".to_owned()),
         Just("dead".to_owned()),
+        Just("a\u{0}b".to_owned()),
         (1usize..3000).prop_map(|n| "a".repeat(n)),
         "[a-z]{1,10}(\\.[a-z*]{1,10}){0,3}",
     ]
@@ -299,12 +328,18 @@ proptest! {
 /// The nesting limit is a 4xx naming it, just past the limit and far past.
 #[test]
 fn deep_payloads_are_refused_naming_the_limit() {
-    use hookd_api::limits::{MAX_BODY_DEPTH, MAX_PAYLOAD_DEPTH};
     let f = &*FIXTURE;
+    for a in &f.apps {
+        deep_payloads_are_refused_on(f, a);
+    }
+}
+
+fn deep_payloads_are_refused_on(f: &Fixture, a: &App) {
+    use hookd_api::limits::{MAX_BODY_DEPTH, MAX_PAYLOAD_DEPTH};
     let post = |payload: Value| {
         let body = json!({ "type": "deep.test", "payload": payload }).to_string();
         f.rt.block_on(send(
-            &f.app,
+            &a.app,
             Method::POST,
             "/events",
             ADMIN,
@@ -328,7 +363,7 @@ fn deep_payloads_are_refused_naming_the_limit() {
         "]".repeat(depth)
     );
     let (status, body) = f.rt.block_on(send(
-        &f.app,
+        &a.app,
         Method::POST,
         "/events",
         ADMIN,

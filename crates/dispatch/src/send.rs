@@ -260,7 +260,9 @@ async fn read_bounded(
 /// Lossy UTF-8 of at most [`MAX_SNIPPET_BYTES`] bytes, never splitting a
 /// character.
 fn snippet_text(bytes: &[u8]) -> String {
-    let mut s = String::from_utf8_lossy(bytes).into_owned();
+    // Untrusted bytes: invalid UTF-8 and NUL (which PostgreSQL's `text`
+    // refuses, so the attempt could never be recorded) become U+FFFD.
+    let mut s = String::from_utf8_lossy(bytes).replace('\0', "\u{FFFD}");
     while s.len() > MAX_SNIPPET_BYTES {
         s.pop();
     }
@@ -353,6 +355,12 @@ mod tests {
         let s = snippet_text(&long.as_bytes()[..MAX_SNIPPET_BYTES - 1]);
         assert!(s.len() <= MAX_SNIPPET_BYTES);
         assert!(s.chars().all(|c| c == 'é'));
+    }
+
+    #[test]
+    fn snippets_hold_no_nul_and_no_invalid_utf8() {
+        let s = snippet_text(b"ok\0nul\xff");
+        assert_eq!(s, "ok\u{FFFD}nul\u{FFFD}");
     }
 }
 

@@ -18,6 +18,7 @@ crate::on_both_backends!(
     a_destination_that_never_answers_times_out_and_is_retried,
     a_410_fails_the_delivery_and_disables_the_subscription,
     a_400_is_tried_once_and_a_redirect_is_not_followed,
+    a_nul_in_an_answer_or_a_request_is_never_a_server_error,
 );
 
 /// A destination on `ip` whose every answer is built by `respond`.
@@ -205,5 +206,75 @@ async fn a_400_is_tried_once_and_a_redirect_is_not_followed(backend: Backend) {
         redirected.received().is_empty(),
         "the redirect was not followed"
     );
+    app.stop().await;
+}
+
+/// U+0000 cannot be stored in PostgreSQL's `text`: an answer holding it is
+/// still recorded (the snippet shows U+FFFD), and a request holding it in a
+/// stored string is refused with a 422 naming the field, writing nothing.
+/// An event's payload is kept as sent, escape and all.
+async fn a_nul_in_an_answer_or_a_request_is_never_a_server_error(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let addr = destination("127.0.0.13", || Response::new(Body::from("ok\0nul"))).await;
+    let (sub, d) = deliver_one(&app, addr, is_final).await;
+    assert_eq!(d["state"], "delivered", "{d}");
+    assert_eq!(d["attempts"][0]["response_snippet"], "ok\u{FFFD}nul", "{d}");
+    let sub_id = sub["sub_id"].as_str().unwrap();
+
+    let refused = [
+        (
+            "/subscriptions",
+            json!({ "url": format!("http://{addr}/"), "event_types": ["*"], "description": "a\u{0}b" }),
+            "description",
+        ),
+        (
+            "/events",
+            json!({ "type": "t.x", "payload": {}, "idempotency_key": "k\u{0}" }),
+            "idempotency_key",
+        ),
+        (
+            "/tokens",
+            json!({ "customer_id": "acme", "label": "l\u{0}" }),
+            "label",
+        ),
+    ];
+    for (path, body, field) in refused {
+        let resp = app.post(path, &body).await;
+        assert_eq!(resp.status(), 422, "{path}");
+        let err: Value = resp.json().await.unwrap();
+        let message = err["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.starts_with(field), "{path}: {err}");
+    }
+    let resp = app
+        .get(&format!("/subscriptions/{sub_id}/deliveries?cursor=a%00b"))
+        .await;
+    assert_eq!(resp.status(), 400);
+    // Nothing of the refused requests was written: one subscription, one event.
+    let subs = app.get_json("/subscriptions").await;
+    assert_eq!(subs["data"].as_array().unwrap().len(), 1, "{subs}");
+    let page = app
+        .get_json(&format!("/subscriptions/{sub_id}/deliveries"))
+        .await;
+    assert_eq!(page["data"].as_array().unwrap().len(), 1, "{page}");
+
+    // A payload's `\u0000` is the producer's JSON text, kept and delivered.
+    let resp = app
+        .post(
+            "/events",
+            &json!({ "type": "t.x", "payload": { "s": "a\u{0}b" } }),
+        )
+        .await;
+    assert_eq!(resp.status(), 202);
+    eventually("the payload with an escaped NUL is delivered", || async {
+        let page = app
+            .get_json(&format!(
+                "/subscriptions/{sub_id}/deliveries?status=delivered"
+            ))
+            .await;
+        (page["data"].as_array().unwrap().len() == 2).then_some(())
+    })
+    .await;
     app.stop().await;
 }
