@@ -1185,6 +1185,21 @@ async fn well_formed_but_invalid_values_are_422_naming_the_field() {
         ),
         (sub(json!({"secret": "hunter2"})), "secret"),
         (sub(json!({"description": "d".repeat(2000)})), "description"),
+        // Each length limit of `limits.rs`, just past it, names its field.
+        (
+            sub(
+                json!({"url": format!("https://x.example.com/{}", "p".repeat(hookd_api::limits::MAX_URL_LEN))}),
+            ),
+            "url",
+        ),
+        (
+            sub(json!({"event_types": ["e".repeat(hookd_api::limits::MAX_EVENT_TYPE_LEN + 1)]})),
+            "event_types[0]",
+        ),
+        (
+            sub(json!({"customer_id": "c".repeat(hookd_api::limits::MAX_CUSTOMER_ID_LEN + 1)})),
+            "customer_id",
+        ),
         (sub(json!({"rate_limit": 0})), "rate_limit"),
         (sub(json!({"rate_limit": 10_001})), "rate_limit"),
         (sub(json!({"rate_limit": -5})), "rate_limit"),
@@ -1260,6 +1275,10 @@ async fn well_formed_but_invalid_values_are_422_naming_the_field() {
     let events = [
         (json!({"type": "bad type", "payload": {}}), "type"),
         (json!({"type": "a.*", "payload": {}}), "type"),
+        (
+            json!({"type": "e".repeat(hookd_api::limits::MAX_EVENT_TYPE_LEN + 1), "payload": {}}),
+            "type",
+        ),
         (
             json!({"type": "a.b", "payload": {}, "idempotency_key": ""}),
             "idempotency_key",

@@ -651,4 +651,37 @@ mod egress_tests {
         assert_eq!(resolver.lookups(), 1);
         assert!(!was_connected(&proxy), "nothing went to the proxy");
     }
+
+    #[tokio::test]
+    async fn with_a_proxy_an_allowed_attempt_goes_through_it() {
+        // The proxy (the platform's egress, trusted configuration) gets the
+        // request in absolute form; the target was checked first.
+        let (proxy, port) = receiver(Ipv4Addr::LOCALHOST);
+        let head = serve_one(proxy);
+        let resolver = Arc::new(StaticResolver::new([(
+            "public.test",
+            vec![ip("93.184.216.34")],
+        )]));
+        let s = Sender::new(
+            Duration::from_secs(10),
+            1024,
+            Egress {
+                policy: DestinationPolicy::PublicOnly,
+                resolver: resolver.clone(),
+                proxy: Some(format!("http://127.0.0.1:{port}")),
+            },
+        )
+        .unwrap();
+        let sent = attempt(&s, "http://public.test/hook").await;
+        assert!(
+            matches!(sent.result, AttemptResult::Status { code: 204, .. }),
+            "{sent:?}"
+        );
+        let head = head.join().unwrap();
+        assert!(
+            head.starts_with("POST http://public.test/hook HTTP/1.1"),
+            "{head}"
+        );
+        assert_eq!(resolver.lookups(), 1, "the target was checked");
+    }
 }

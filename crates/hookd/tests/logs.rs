@@ -149,6 +149,19 @@ async fn no_secret_or_token_in_any_log_output_nor_in_the_database() {
     let got = receiver.wait_for(3).await;
     assert!(got[2].signed_by(&new_secret) && got[2].signed_by(&first_secret));
 
+    // The metrics, as a scraper sees them, after the deliveries and the rotation
+    // (read before the failed authentications lock this address out).
+    let metrics = app
+        .client
+        .get(app.url("/metrics"))
+        .bearer_auth(&admin_token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(metrics.status(), 200);
+    let metrics = metrics.text().await.unwrap();
+    assert!(metrics.contains("hookd_"), "the metrics were read");
+
     // Fail authentication: near misses of the real tokens, then until the
     // address is locked out (which shows the peer address reaches the
     // limiter through the real server).
@@ -208,6 +221,10 @@ async fn no_secret_or_token_in_any_log_output_nor_in_the_database() {
         assert!(
             !logs.contains(needle.as_str()),
             "{name} appears in the log output"
+        );
+        assert!(
+            !metrics.contains(needle.as_str()),
+            "{name} appears in /metrics"
         );
     }
 
