@@ -453,42 +453,24 @@ mod egress_tests {
     #[tokio::test]
     async fn a_name_that_rebinds_to_a_forbidden_address_is_refused_before_connecting() {
         let (listener, port) = receiver(Ipv4Addr::LOCALHOST);
-        // One address of every forbidden range and form the issue lists, as
-        // a DNS answer: each must refuse the attempt.
-        let forbidden = [
-            "127.0.0.1",
-            "127.255.255.254",
-            "10.0.0.1",
-            "172.16.0.1",
-            "192.168.1.1",
-            "169.254.169.254",
-            "169.254.0.1",
-            "168.63.129.16",
-            "100.64.0.1",
-            "0.0.0.0",
-            "224.0.0.1",
-            "255.255.255.255",
-            "198.18.0.1",
-            "192.0.2.1",
-            "198.51.100.1",
-            "203.0.113.1",
-            "::1",
-            "::",
-            "fe80::1",
-            "fc00::1",
-            "fd00:ec2::254",
-            "ff02::1",
-            "2001:db8::1",
-            "::ffff:127.0.0.1",
-            "::ffff:169.254.169.254",
-            "::127.0.0.1",
-            "::10.0.0.1",
-            "64:ff9b::7f00:1",
-            "64:ff9b::a9fe:a9fe",
-            "64:ff9b:1::a00:1",
-            "2002:7f00:1::1",
-        ];
-        let mut answers: Vec<Vec<IpAddr>> = forbidden.iter().map(|a| vec![ip(a)]).collect();
+        // Every address of the creation check's examples (each forbidden
+        // range and form, its spellings normalised), as a DNS answer: each
+        // must refuse the attempt. Names (`localhost`) are not answers.
+        let mut forbidden: Vec<IpAddr> = hookd_domain::destination::FORBIDDEN_EXAMPLES
+            .iter()
+            .filter_map(|u| {
+                let d = DestinationUrl::parse(u, DestinationPolicy::AllowPrivate).unwrap();
+                d.host()
+                    .trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .parse::<IpAddr>()
+                    .ok()
+            })
+            .collect();
+        forbidden.sort();
+        forbidden.dedup();
+        assert!(forbidden.len() >= 45, "{forbidden:?}");
+        let mut answers: Vec<Vec<IpAddr>> = forbidden.iter().map(|a| vec![*a]).collect();
         // Any forbidden address refuses the lookup, even beside a public one.
         answers.push(vec![ip("93.184.216.34"), ip("127.0.0.1")]);
         for answer in answers {

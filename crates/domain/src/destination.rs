@@ -259,6 +259,90 @@ fn is_forbidden_v6(ip: Ipv6Addr) -> bool {
         || (seg[0] == 0x0100 && seg[1..4] == [0, 0, 0]) // discard-only 100::/64
 }
 
+/// One URL of every forbidden range and spelling, for tests at every layer:
+/// creation refuses each; the connect-time tests answer each address (its
+/// spellings normalised) from a rebinding resolver.
+pub const FORBIDDEN_EXAMPLES: &[&str] = &[
+    // IPv4 loopback, RFC 1918, link-local and cloud metadata.
+    "http://127.0.0.1/",
+    "http://127.255.255.254:8080/",
+    "http://10.0.0.1/",
+    "http://10.255.255.255/",
+    "http://172.16.0.1/",
+    "http://172.31.255.255/",
+    "http://192.168.1.1/",
+    "http://169.254.0.1/",
+    "http://169.254.169.254/latest/meta-data",
+    "http://168.63.129.16/",
+    // CGNAT 100.64/10 (incl. Alibaba's metadata 100.100.100.200).
+    "http://100.64.0.1/",
+    "http://100.100.100.200/",
+    "http://100.127.255.255/",
+    // Unspecified, "this network", multicast, broadcast, reserved.
+    "http://0.0.0.0/",
+    "http://0.1.2.3/",
+    "http://224.0.0.1/",
+    "http://239.255.255.250/",
+    "http://255.255.255.255/",
+    "http://240.0.0.1/",
+    "http://192.0.0.1/",
+    // Benchmarking 198.18/15, documentation.
+    "http://198.18.0.1/",
+    "http://198.19.255.255/",
+    "http://192.0.2.1/",
+    "http://198.51.100.7/",
+    "http://203.0.113.9/",
+    // Decimal, octal, hex and shortened IPv4 spellings (the `url` crate
+    // normalises each to 127.0.0.1, 10.0.0.1 or 0.0.0.0).
+    "http://2130706433/",
+    "http://0x7f.1/",
+    "http://017700000001/",
+    "http://127.1/",
+    "http://0x7f000001/",
+    "http://0x7f.0.0.1/",
+    "http://0177.0.0.1/",
+    "http://0177.0.1/",
+    "http://10.1/",
+    "http://0/",
+    "http://0x0a.0x00.0x00.0x01/",
+    // IPv6 loopback, unspecified, link-local, unique-local, multicast,
+    // documentation, and AWS's IPv6 metadata address.
+    "http://[::1]/",
+    "http://[::]/",
+    "http://[fe80::1]/",
+    "http://[febf:ffff::1]/",
+    "http://[fc00::1]/",
+    "http://[fd00::1]/",
+    "http://[fd00:ec2::254]/",
+    "http://[ff02::1]/",
+    "http://[2001:db8::1]/",
+    // IPv4-mapped ::ffff:a.b.c.d.
+    "http://[::ffff:127.0.0.1]/",
+    "http://[::ffff:7f00:1]/",
+    "http://[::ffff:10.0.0.1]/",
+    "http://[::ffff:169.254.169.254]/",
+    "http://[::ffff:100.64.0.1]/",
+    "http://[::ffff:0.0.0.0]/",
+    // IPv4-compatible ::a.b.c.d.
+    "http://[::127.0.0.1]/",
+    "http://[::10.0.0.1]/",
+    "http://[::169.254.169.254]/",
+    // NAT64 64:ff9b::/96, and the local-use 64:ff9b:1::/48.
+    "http://[64:ff9b::127.0.0.1]/",
+    "http://[64:ff9b::a00:1]/",
+    "http://[64:ff9b::169.254.169.254]/",
+    "http://[64:ff9b::192.168.0.1]/",
+    "http://[64:ff9b:1::1]/",
+    "http://[64:ff9b:1::93.184.216.34]/",
+    // 6to4 2002::/16 around a forbidden IPv4 address.
+    "http://[2002:7f00:1::1]/",
+    "http://[2002:a9fe:a9fe::]/",
+    // Local names.
+    "http://localhost:8080/",
+    "http://LOCALHOST./",
+    "http://api.localhost/",
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -296,90 +380,10 @@ mod tests {
     }
 
     /// Every forbidden form the issue lists, as a URL literal.
-    const FORBIDDEN: &[&str] = &[
-        // IPv4 loopback, RFC 1918, link-local and cloud metadata.
-        "http://127.0.0.1/",
-        "http://127.255.255.254:8080/",
-        "http://10.0.0.1/",
-        "http://10.255.255.255/",
-        "http://172.16.0.1/",
-        "http://172.31.255.255/",
-        "http://192.168.1.1/",
-        "http://169.254.0.1/",
-        "http://169.254.169.254/latest/meta-data",
-        "http://168.63.129.16/",
-        // CGNAT 100.64/10 (incl. Alibaba's metadata 100.100.100.200).
-        "http://100.64.0.1/",
-        "http://100.100.100.200/",
-        "http://100.127.255.255/",
-        // Unspecified, "this network", multicast, broadcast, reserved.
-        "http://0.0.0.0/",
-        "http://0.1.2.3/",
-        "http://224.0.0.1/",
-        "http://239.255.255.250/",
-        "http://255.255.255.255/",
-        "http://240.0.0.1/",
-        "http://192.0.0.1/",
-        // Benchmarking 198.18/15, documentation.
-        "http://198.18.0.1/",
-        "http://198.19.255.255/",
-        "http://192.0.2.1/",
-        "http://198.51.100.7/",
-        "http://203.0.113.9/",
-        // Decimal, octal, hex and shortened IPv4 spellings (the `url` crate
-        // normalises each to 127.0.0.1, 10.0.0.1 or 0.0.0.0).
-        "http://2130706433/",
-        "http://0x7f.1/",
-        "http://017700000001/",
-        "http://127.1/",
-        "http://0x7f000001/",
-        "http://0x7f.0.0.1/",
-        "http://0177.0.0.1/",
-        "http://0177.0.1/",
-        "http://10.1/",
-        "http://0/",
-        "http://0x0a.0x00.0x00.0x01/",
-        // IPv6 loopback, unspecified, link-local, unique-local, multicast,
-        // documentation, and AWS's IPv6 metadata address.
-        "http://[::1]/",
-        "http://[::]/",
-        "http://[fe80::1]/",
-        "http://[febf:ffff::1]/",
-        "http://[fc00::1]/",
-        "http://[fd00::1]/",
-        "http://[fd00:ec2::254]/",
-        "http://[ff02::1]/",
-        "http://[2001:db8::1]/",
-        // IPv4-mapped ::ffff:a.b.c.d.
-        "http://[::ffff:127.0.0.1]/",
-        "http://[::ffff:7f00:1]/",
-        "http://[::ffff:10.0.0.1]/",
-        "http://[::ffff:169.254.169.254]/",
-        "http://[::ffff:100.64.0.1]/",
-        "http://[::ffff:0.0.0.0]/",
-        // IPv4-compatible ::a.b.c.d.
-        "http://[::127.0.0.1]/",
-        "http://[::10.0.0.1]/",
-        "http://[::169.254.169.254]/",
-        // NAT64 64:ff9b::/96, and the local-use 64:ff9b:1::/48.
-        "http://[64:ff9b::127.0.0.1]/",
-        "http://[64:ff9b::a00:1]/",
-        "http://[64:ff9b::169.254.169.254]/",
-        "http://[64:ff9b::192.168.0.1]/",
-        "http://[64:ff9b:1::1]/",
-        "http://[64:ff9b:1::93.184.216.34]/",
-        // 6to4 2002::/16 around a forbidden IPv4 address.
-        "http://[2002:7f00:1::1]/",
-        "http://[2002:a9fe:a9fe::]/",
-        // Local names.
-        "http://localhost:8080/",
-        "http://LOCALHOST./",
-        "http://api.localhost/",
-    ];
 
     #[test]
     fn every_forbidden_form_is_refused_at_creation_unless_private_is_allowed() {
-        for url in FORBIDDEN {
+        for url in FORBIDDEN_EXAMPLES {
             assert!(
                 matches!(
                     DestinationUrl::parse(url, DestinationPolicy::PublicOnly),
