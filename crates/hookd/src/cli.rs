@@ -505,6 +505,64 @@ mod tests {
         assert_eq!(exit_after("x*off->exit"), None);
     }
 
+    /// `hookd serve` parsed from `args` alone: the `HOOKD_*` variables the
+    /// flags under test read are ignored (clap reads the process's
+    /// environment, which the test cannot clear safely).
+    fn serve_args(args: &[&str]) -> ServeArgs {
+        for var in [
+            "HOOKD_RETAIN_DELIVERIES",
+            "HOOKD_RETAIN_EVENTS",
+            "HOOKD_DISABLE_AFTER",
+        ] {
+            assert!(
+                std::env::var_os(var).is_none(),
+                "{var} is set: it would override the defaults under test"
+            );
+        }
+        let cli = Cli::try_parse_from(["hookd", "serve"].iter().chain(args)).unwrap();
+        match cli.command {
+            Command::Serve(args) => args,
+            other => panic!("not serve: {other:?}"),
+        }
+    }
+
+    const DAY: Duration = Duration::from_secs(86_400);
+
+    #[test]
+    fn retention_and_disabling_default_to_the_issues_periods() {
+        let args = serve_args(&[]);
+        assert_eq!(args.retain_deliveries, 7 * DAY, "deliveries and attempts");
+        assert_eq!(args.retain_events, 30 * DAY, "events");
+        assert_eq!(args.disable_after, 5 * DAY);
+        // The library's defaults say the same, so an embedder gets them too.
+        let retention = crate::maintenance::RetentionConfig::default();
+        assert_eq!(retention.deliveries, args.retain_deliveries);
+        assert_eq!(retention.events, args.retain_events);
+        assert_eq!(
+            hookd_api::MonitorConfig::default().disable_after,
+            to_chrono(args.disable_after, "--disable-after").unwrap()
+        );
+    }
+
+    #[test]
+    fn retention_periods_parse_from_their_flags() {
+        let args = serve_args(&["--retain-deliveries", "2d", "--retain-events", "10d"]);
+        assert_eq!(args.retain_deliveries, 2 * DAY);
+        assert_eq!(args.retain_events, 10 * DAY);
+        let args = serve_args(&[
+            "--retain-deliveries=36h",
+            "--retain-events=8days",
+            "--disable-after=1day",
+        ]);
+        assert_eq!(args.retain_deliveries, Duration::from_secs(36 * 3600));
+        assert_eq!(args.retain_events, 8 * DAY);
+        assert_eq!(args.disable_after, DAY);
+        assert!(
+            Cli::try_parse_from(["hookd", "serve", "--retain-events", "soon"]).is_err(),
+            "not a duration"
+        );
+    }
+
     #[test]
     fn the_command_line_is_well_formed() {
         use clap::CommandFactory;

@@ -125,6 +125,7 @@ macro_rules! conformance_tests {
             retention_removes_finished_deliveries_and_folds_their_attempts_into_the_rollup,
             retention_never_removes_unfinished_deliveries_or_the_events_they_need,
             retention_in_small_batches_says_when_more_is_due,
+            retention_removes_deliveries_and_their_attempts_before_the_events_outlive_them,
             an_event_over_the_lazy_fanout_threshold_commits_a_job_instead_of_its_deliveries,
             materializing_a_fanout_job_creates_each_planned_delivery_once_in_batches,
             concurrent_materializers_never_create_a_delivery_twice,
@@ -4774,6 +4775,90 @@ pub async fn retention_in_small_batches_says_when_more_is_due(store: Arc<dyn Sto
     assert_eq!(removed(&reports), (3, 3, 4), "{reports:?}");
     for id in &ids {
         assert!(!delivery_exists(&store, id).await);
+    }
+    assert_eq!(week_of_stats(&store, &a.id).await, stats);
+}
+
+/// Deliveries (with their attempts) and events have their own cutoffs
+/// (7 and 30 days by default): a pass whose delivery cutoff is past and
+/// whose event cutoff is not removes every finished delivery and its
+/// attempts and keeps every event, also those no delivery refers to any
+/// more; a later pass past the event cutoff removes those events.
+pub async fn retention_removes_deliveries_and_their_attempts_before_the_events_outlive_them(
+    store: Arc<dyn Store>,
+) {
+    let a = store
+        .create_subscription(new_sub("retain-split.example", None))
+        .await
+        .unwrap();
+    let retried = [
+        (
+            500,
+            NextState::Retry {
+                delay: Duration::ZERO,
+            },
+        ),
+        (200, NextState::Delivered),
+    ];
+    let ids = [
+        delivery_ending(&store, &a, "order.created", &retried).await,
+        delivery_ending(&store, &a, "order.created", &[(400, NextState::Failed)]).await,
+        delivery_ending(&store, &a, "order.created", &[(500, NextState::Dead)]).await,
+    ];
+    let mut events = Vec::new();
+    let mut attempts = 0;
+    for id in &ids {
+        let d = store.get_delivery(id).await.unwrap();
+        attempts += d.attempts.len();
+        events.push(d.delivery.event_id);
+    }
+    assert_eq!(attempts, 4);
+    events.push(
+        store
+            .accept_event(new_event("nobody.listens", None), vec![])
+            .await
+            .unwrap()
+            .event_id,
+    );
+    let stats = week_of_stats(&store, &a.id).await;
+    assert_eq!(stats.len(), 1);
+    assert_eq!(stats[0].attempts, 4);
+
+    // Deliveries expired, events (all created just now) inside their window.
+    let now = chrono::Utc::now();
+    let deliveries_only = RetentionPolicy {
+        deliveries_before: now + chrono::Duration::days(2),
+        events_before: now - chrono::Duration::days(1),
+        batch: 1000,
+    };
+    let reports = retain_all(&store, &deliveries_only).await;
+    assert_eq!(
+        removed(&reports),
+        (3, 4, 0),
+        "every finished delivery and its attempts, no event: {reports:?}"
+    );
+    for id in &ids {
+        assert!(!delivery_exists(&store, id).await);
+    }
+    for id in &events {
+        assert!(
+            event_exists(&store, id).await,
+            "an event outlives its deliveries"
+        );
+    }
+    assert_eq!(week_of_stats(&store, &a.id).await, stats, "folded");
+    // Nothing more is due under the same cutoffs.
+    let r = store.enforce_retention(&deliveries_only).await.unwrap();
+    assert_eq!(
+        (r.deliveries, r.attempts, r.events, r.more),
+        (0, 0, 0, false)
+    );
+
+    // Once the event cutoff passes them, the events go too.
+    let reports = retain_all(&store, &expire_everything(1000)).await;
+    assert_eq!(removed(&reports), (0, 0, 4), "{reports:?}");
+    for id in &events {
+        assert!(!event_exists(&store, id).await);
     }
     assert_eq!(week_of_stats(&store, &a.id).await, stats);
 }
