@@ -64,6 +64,19 @@
     statusLine.classList.toggle('error', Boolean(isError));
   }
 
+  // A message to show on the page a navigation leads to: a route change
+  // clears the status line, so a message set just before one would vanish.
+  let carried = '';
+  function sayThenGo(message, hash) {
+    say(message);
+    if (location.hash === hash) {
+      render();
+    } else {
+      carried = message;
+      location.hash = hash;
+    }
+  }
+
   function every(ms, fn) {
     timers.push(setInterval(fn, ms));
   }
@@ -393,8 +406,7 @@
       try {
         if (editing) {
           await api('PATCH', '/subscriptions/' + encodeURIComponent(sub.sub_id), body);
-          say('Saved.');
-          location.hash = '#/s/' + encodeURIComponent(sub.sub_id);
+          sayThenGo('Saved.', '#/s/' + encodeURIComponent(sub.sub_id));
         } else {
           const created = await api('POST', '/subscriptions', body);
           say('Subscription created.');
@@ -547,7 +559,7 @@
     });
     del.addEventListener('click', async () => {
       if (!confirm('Delete this subscription? Its deliveries stop.')) return;
-      try { await api('DELETE', base); say('Subscription deleted.'); location.hash = '#/'; } catch (e) { failed(e); }
+      try { await api('DELETE', base); sayThenGo('Subscription deleted.', '#/'); } catch (e) { failed(e); }
     });
 
     // Health.
@@ -766,7 +778,7 @@
   }
 
   signoutButton.addEventListener('click', () => { signOut(); say('Signed out.'); });
-  window.addEventListener('hashchange', () => { say(''); render(); });
+  window.addEventListener('hashchange', () => { say(carried); carried = ''; render(); });
   takeTokenFromFragment();
   render();
 })();

@@ -231,6 +231,20 @@ impl TestApp {
         (status, r.json().await.unwrap_or(Value::Null))
     }
 
+    /// `GET path` with `token`: the status and the JSON body (`Null` when
+    /// there is none).
+    async fn get(&self, token: &str, path: &str) -> (u16, Value) {
+        let r = self
+            .client
+            .get(self.url(path))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
     async fn customer_token(&self, customer: &str) -> String {
         let (status, v) = self
             .call(ADMIN_TOKEN, "/tokens", &json!({ "customer_id": customer }))
@@ -668,5 +682,294 @@ async fn a_portal_link_shows_only_its_customers_subscriptions() {
     )
     .await;
     assert_eq!(customer, "globex");
+    browser.close().await;
+}
+
+/// A `dt`/`dd` pair of the page's settings: the `dd`s whose `dt` is `label`.
+async fn setting(c: &Client, label: &str) -> Value {
+    c.execute(
+        "var label = arguments[0];\
+         return Array.from(document.querySelectorAll('dl.kv dt'))\
+           .filter(function (d) { return d.textContent === label; })\
+           .map(function (d) { return d.nextElementSibling.textContent; })",
+        vec![json!(label)],
+    )
+    .await
+    .unwrap()
+}
+
+/// Clicks `css`, which asks to confirm with `confirm()`, and accepts the
+/// dialog; returns its text. Clicked once: a retry would find the dialog
+/// open, and the driver would dismiss it.
+async fn click_and_confirm(c: &Client, css: &str) -> String {
+    find(c, css).await.click().await.unwrap();
+    let text = eventually(&format!("the dialog {css} opens"), || async {
+        c.get_alert_text().await.ok()
+    })
+    .await;
+    c.accept_alert().await.unwrap();
+    text
+}
+
+/// Posts an `invoice.paid` event through the API; returns its id.
+async fn post_event(app: &TestApp, token: &str, n: usize) -> String {
+    let (status, v) = app
+        .call(
+            token,
+            "/events",
+            &json!({ "type": "invoice.paid", "payload": { "invoice": n } }),
+        )
+        .await;
+    assert_eq!(status, 202, "{v}");
+    v["event_id"].as_str().unwrap().to_owned()
+}
+
+/// A subscription's `state` as the API reports it.
+async fn api_state(app: &TestApp, token: &str, path: &str) -> String {
+    let (status, v) = app.get(token, path).await;
+    assert_eq!(status, 200, "{v}");
+    v["state"].as_str().unwrap().to_owned()
+}
+
+/// The one delivery of the subscription at `path` in `state`, by the API:
+/// its id and its event's.
+async fn only_delivery(app: &TestApp, token: &str, path: &str, state: &str) -> (String, String) {
+    let (status, v) = app
+        .get(token, &format!("{path}/deliveries?status={state}"))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let data = v["data"].as_array().unwrap();
+    assert_eq!(data.len(), 1, "{v}");
+    (
+        data[0]["delivery_id"].as_str().unwrap().to_owned(),
+        data[0]["event_id"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// Sets the log's status filter (`""`: any), applies it, and waits until
+/// the log lists exactly `want` (delivery ids, in any order), every one in
+/// `state`.
+async fn filter_log(c: &Client, state: &str, want: &[String]) {
+    find(c, "#f-status")
+        .await
+        .select_by_value(state)
+        .await
+        .unwrap();
+    click(c, "#log-apply").await;
+    let mut want = want.to_vec();
+    want.sort();
+    let want = json!(want);
+    eventually(&format!("only {state:?} deliveries listed"), || async {
+        log_settled(c).await;
+        let listed = c
+            .execute(
+                "var state = arguments[0];\
+                 var all = Array.from(document.querySelectorAll('#deliveries details.delivery'));\
+                 if (state && !all.every(function (d) { return d.getAttribute('data-state') === state; })) return null;\
+                 return all.map(function (d) { return d.getAttribute('data-delivery-id'); }).sort();",
+                vec![json!(state)],
+            )
+            .await
+            .ok()?;
+        (listed == want).then_some(())
+    })
+    .await;
+}
+
+/// The subscription page's controls, each checked against the API: pause
+/// and resume, rotate the secret (shown once), filter the delivery log by
+/// status, see the likely configuration error named, and delete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_customer_pauses_rotates_filters_and_deletes_from_the_subscription_page() {
+    let Some((chromium, chromedriver)) = browser_programs() else {
+        return;
+    };
+    let _one = BROWSER.lock().await;
+    let app = TestApp::start().await;
+    let acme = app.customer_token("acme").await;
+    let receiver = Receiver::start("127.0.0.1").await;
+    let (status, created) = app
+        .call(
+            &acme,
+            "/subscriptions",
+            &json!({ "url": receiver.url(), "event_types": ["invoice.*"], "description": "Managed" }),
+        )
+        .await;
+    assert_eq!(status, 201, "{created}");
+    let sub_id = created["sub_id"].as_str().unwrap().to_owned();
+    let first_secret = created["secret"].as_str().unwrap().to_owned();
+    assert!(first_secret.starts_with("whsec_"), "{created}");
+    let path = format!("/subscriptions/{sub_id}");
+
+    let browser = Browser::start(&chromium, &chromedriver).await;
+    let c = &browser.client;
+    sign_in(c, &app, &acme).await;
+    open(c, &app, &format!("#/s/{sub_id}")).await;
+    text_of(c, "#sub-url", "the subscription page", |t| {
+        t == receiver.url()
+    })
+    .await;
+    assert_eq!(setting(c, "State").await, json!(["active"]));
+
+    // 1. Pause: the API's state is `disabled` (there is no `paused`), and
+    // the page says so.
+    text_of(c, "#toggle-state", "the Pause button", |t| t == "Pause").await;
+    click(c, "#toggle-state").await;
+    eventually("the API reports the subscription paused", || async {
+        (api_state(&app, &acme, &path).await == "disabled").then_some(())
+    })
+    .await;
+    text_of(c, "#toggle-state", "the Resume button", |t| t == "Resume").await;
+    eventually("the settings show it disabled", || async {
+        (setting(c, "State").await == json!(["disabled"])).then_some(())
+    })
+    .await;
+    text_of(c, "#health .badge", "the disabled badge", |t| {
+        t == "disabled"
+    })
+    .await;
+    text_of(c, "#status", "the paused message", |t| {
+        t.starts_with("Paused")
+    })
+    .await;
+
+    // ... and resume.
+    click(c, "#toggle-state").await;
+    eventually("the API reports the subscription active", || async {
+        (api_state(&app, &acme, &path).await == "active").then_some(())
+    })
+    .await;
+    text_of(c, "#toggle-state", "the Pause button again", |t| {
+        t == "Pause"
+    })
+    .await;
+    eventually("the settings show it active", || async {
+        (setting(c, "State").await == json!(["active"])).then_some(())
+    })
+    .await;
+    text_of(c, "#status", "the resumed message", |t| t == "Resumed.").await;
+    text_of(c, "#health .badge", "the health badge again", |t| {
+        t == "healthy (no recent attempts)"
+    })
+    .await;
+
+    // 2. Rotate the secret: a new one, shown once, gone once dismissed.
+    let prompt = click_and_confirm(c, "#rotate").await;
+    assert!(prompt.contains("signing secret"), "{prompt}");
+    let new_secret = text_of(c, "#secret", "the new secret, shown once", |t| {
+        t.starts_with("whsec_")
+    })
+    .await;
+    assert_ne!(new_secret, first_secret);
+    text_of(c, "#secret-title", "the rotation's title", |t| {
+        t == "New signing secret"
+    })
+    .await;
+    text_of(c, "#status", "the rotation message", |t| {
+        t.starts_with("Secret rotated")
+    })
+    .await;
+    let (_, shown) = app.get(&acme, &path).await;
+    assert!(!shown.to_string().contains(&new_secret), "{shown}");
+    click(c, ".secret button").await;
+    eventually("the new secret leaves the page", || async {
+        let html = js(c, "return document.documentElement.outerHTML").await;
+        let html = html.as_str()?;
+        (html.contains(&sub_id) && !html.contains(&new_secret)).then_some(())
+    })
+    .await;
+    assert!(!c.source().await.unwrap().contains(&new_secret));
+
+    // 3. The log's status filter: one delivered, one failed.
+    let ok_event = post_event(&app, &acme, 1).await;
+    wait_for_delivery(c, "delivered").await;
+    receiver.answer(400, "bad request");
+    let bad_event = post_event(&app, &acme, 2).await;
+    wait_for_delivery(c, "failed").await;
+    let (failed_id, event) = only_delivery(&app, &acme, &path, "failed").await;
+    assert_eq!(event, bad_event);
+    let (delivered_id, event) = only_delivery(&app, &acme, &path, "delivered").await;
+    assert_eq!(event, ok_event);
+    filter_log(c, "failed", std::slice::from_ref(&failed_id)).await;
+    filter_log(c, "delivered", std::slice::from_ref(&delivered_id)).await;
+    filter_log(c, "", &[delivered_id.clone(), failed_id.clone()]).await;
+
+    // 4. Every attempt now gets a 401: enough of them (at least the rule's
+    // minimum, and the share it needs next to the one 400 above) and the
+    // health names the likely configuration error, as does the page.
+    use hookd_domain::health::{MIN_FAILURES, MIN_SHARE_PERCENT};
+    let others = 1; // the 400
+    let needed = (others * MIN_SHARE_PERCENT)
+        .div_ceil(100 - MIN_SHARE_PERCENT)
+        .max(MIN_FAILURES);
+    receiver.answer(401, "unauthorized");
+    for n in 0..needed {
+        post_event(&app, &acme, 100 + n as usize).await;
+    }
+    let health = eventually("the health reports a configuration error", || async {
+        let (status, h) = app.get(&acme, &format!("{path}/health")).await;
+        assert_eq!(status, 200, "{h}");
+        (h["likely_configuration_error"]["status"] == 401).then_some(h)
+    })
+    .await;
+    assert_eq!(health["last_status_counts"]["401"], needed, "{health}");
+    text_of(c, "#health .badge", "the configuration error badge", |t| {
+        t == "configuration error 401"
+    })
+    .await;
+    attr_is(c, "#health .badge", "data-health", "bad").await;
+    text_of(c, "#health", "the health's explanation", |t| {
+        t.contains("your endpoint answers 401")
+    })
+    .await;
+    open(c, &app, "#/").await;
+    let row = format!("tr[data-sub-id=\"{sub_id}\"]");
+    text_of(
+        c,
+        &format!("{row} .badge[data-health]"),
+        "the list's configuration error badge",
+        |t| t == "configuration error 401",
+    )
+    .await;
+    text_of(
+        c,
+        &format!("{row} td.health"),
+        "the list's health facts",
+        |t| t.contains("likely configuration error: 401"),
+    )
+    .await;
+
+    // 5. Delete from the page: gone from the API and from the list.
+    open(c, &app, &format!("#/s/{sub_id}")).await;
+    // Every text the status line takes from here on, for the last check.
+    js(
+        c,
+        "var line = document.getElementById('status');\
+         window.statusHistory = [];\
+         new MutationObserver(function () { window.statusHistory.push(line.textContent); })\
+           .observe(line, { childList: true, characterData: true, subtree: true });\
+         return 0",
+    )
+    .await;
+    let prompt = click_and_confirm(c, "#delete").await;
+    assert!(prompt.starts_with("Delete this subscription?"), "{prompt}");
+    eventually("the API no longer knows it", || async {
+        (app.get(&acme, &path).await.0 == 404).then_some(())
+    })
+    .await;
+    text_of(c, "main h1", "back on the list", |t| t == "Subscriptions").await;
+    find(c, "main[data-ready] #empty:not([hidden])").await;
+    assert!(c.find(Locator::Css(&row)).await.is_err());
+    assert!(!c.source().await.unwrap().contains(&sub_id));
+    // The page says what happened, and keeps saying it on the list it went
+    // back to (as "Paused…", "Resumed." and "Secret rotated…" stay).
+    let history = js(c, "return window.statusHistory").await;
+    text_of(
+        c,
+        "#status",
+        &format!("the deletion message shown on the list (the status line took {history})"),
+        |t| t == "Subscription deleted.",
+    )
+    .await;
     browser.close().await;
 }
