@@ -8,7 +8,7 @@ use std::time::Duration;
 use hookd_api::{ApiConfig, AppState, hash_token, router, serve};
 use hookd_domain::CustomerId;
 use hookd_domain::destination::DestinationPolicy;
-use hookd_store::{NewToken, Store};
+use hookd_store::NewToken;
 use hookd_store_sqlite::SqliteStore;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
