@@ -4,7 +4,8 @@
 //! the configured admin hash (in constant time), then looked up in the store.
 //! Known tokens are cached for [`TOKEN_CACHE_TTL`] so the ingest hot path does
 //! not read the store for every request; the price is that a revoked token
-//! keeps working for up to that long on a node that has cached it.
+//! keeps working for up to that long on a node that has cached it. A token
+//! with an expiry (a portal link's) is never cached past it.
 //!
 //! # Failed authentication is rate-limited per client address
 //! A request with no token or an unknown one is a *failure*, and failures
@@ -94,7 +95,10 @@ impl TokenCache {
             .map(|(scope, _)| scope.clone())
     }
 
-    fn put(&self, hash: [u8; 32], scope: TokenScope, now: Instant) {
+    /// Trusts `scope` for [`TOKEN_CACHE_TTL`] from `now`, or until `valid_for`
+    /// from `now` (what is left of the token's own life) if that is sooner.
+    fn put(&self, hash: [u8; 32], scope: TokenScope, now: Instant, valid_for: Option<Duration>) {
+        let ttl = valid_for.map_or(TOKEN_CACHE_TTL, |left| left.min(TOKEN_CACHE_TTL));
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         if entries.len() >= TOKEN_CACHE_MAX {
             entries.retain(|_, (_, expires)| *expires > now);
@@ -102,7 +106,7 @@ impl TokenCache {
                 entries.clear();
             }
         }
-        entries.insert(hash, (scope, now + TOKEN_CACHE_TTL));
+        entries.insert(hash, (scope, now + ttl));
     }
 }
 
@@ -166,9 +170,17 @@ async fn authenticate(parts: &Parts, state: &AppState) -> Result<Option<Caller>,
         return Ok(Some(Caller(scope)));
     }
     match state.store().find_token(&hash).await? {
-        Some(scope) => {
-            state.inner.tokens.put(hash, scope.clone(), now);
-            Ok(Some(Caller(scope)))
+        Some(found) => {
+            // What is left of its life, by the wall clock the store wrote
+            // `expires_at` with; an expiry already past is not cached.
+            let valid_for = found
+                .expires_at
+                .map(|at| (at - chrono::Utc::now()).to_std().unwrap_or(Duration::ZERO));
+            state
+                .inner
+                .tokens
+                .put(hash, found.scope.clone(), now, valid_for);
+            Ok(Some(Caller(found.scope)))
         }
         None => Ok(None),
     }
@@ -301,10 +313,20 @@ mod tests {
         let cache = TokenCache::default();
         let t0 = Instant::now();
         let h = hash_token("t");
-        cache.put(h, TokenScope::Admin, t0);
+        cache.put(h, TokenScope::Admin, t0, None);
         assert_eq!(cache.get(&h, t0), Some(TokenScope::Admin));
         assert_eq!(cache.get(&h, t0 + TOKEN_CACHE_TTL), None);
         assert_eq!(cache.get(&hash_token("other"), t0), None);
+        // A token expiring sooner than the TTL is trusted only until then.
+        let link = hash_token("portal link");
+        let acme = TokenScope::Customer(CustomerId::parse("acme").unwrap());
+        cache.put(link, acme.clone(), t0, Some(Duration::from_secs(5)));
+        assert_eq!(cache.get(&link, t0 + Duration::from_secs(4)), Some(acme));
+        assert_eq!(cache.get(&link, t0 + Duration::from_secs(5)), None);
+        // One already expired is not trusted at all.
+        let gone = hash_token("expired");
+        cache.put(gone, TokenScope::Admin, t0, Some(Duration::ZERO));
+        assert_eq!(cache.get(&gone, t0), None);
     }
 
     mod lockout {

@@ -16,10 +16,10 @@ use async_trait::async_trait;
 use hookd_domain::{DeliveryId, EventId, JobId, SubscriptionId, Timestamp};
 use hookd_store::{
     Accepted, AttemptRecord, Backlog, ClaimRequest, ClaimedDelivery, DailyStats, Delivery,
-    DeliveryDetail, DeliveryQuery, DueDestination, DueWork, Event, JobStep, Lease, NewDelivery,
-    NewEvent, NewReplayJob, NewSubscription, NewToken, Notice, RaisedSignal, RecordOutcome,
-    ReplayJob, Result, RetentionPolicy, RetentionReport, SchemaStatus, SignalKind, Store,
-    StoreError, Subscription, SubscriptionHealth, SubscriptionPatch, SubscriptionQuery, TokenScope,
+    DeliveryDetail, DeliveryQuery, DueDestination, DueWork, Event, FoundToken, JobStep, Lease,
+    NewDelivery, NewEvent, NewReplayJob, NewSubscription, NewToken, Notice, RaisedSignal,
+    RecordOutcome, ReplayJob, Result, RetentionPolicy, RetentionReport, SchemaStatus, SignalKind,
+    Store, StoreError, Subscription, SubscriptionHealth, SubscriptionPatch, SubscriptionQuery,
 };
 
 /// The store operations, one per [`Store`] method, in trait order.
@@ -420,7 +420,7 @@ impl Store for TimedStore {
             .await
     }
 
-    async fn find_token(&self, token_hash: &[u8]) -> Result<Option<TokenScope>> {
+    async fn find_token(&self, token_hash: &[u8]) -> Result<Option<FoundToken>> {
         self.timed(Op::FindToken, self.inner.find_token(token_hash))
             .await
     }

@@ -2105,10 +2105,10 @@ impl Store for PgStore {
         .await
     }
 
-    async fn find_token(&self, token_hash: &[u8]) -> Result<Option<TokenScope>> {
+    async fn find_token(&self, token_hash: &[u8]) -> Result<Option<hookd_store::FoundToken>> {
         self.bounded(async {
             let row = sqlx::query(
-                "SELECT customer_id FROM tokens \
+                "SELECT customer_id, expires_at FROM tokens \
                  WHERE token_hash = $1 AND (expires_at IS NULL OR expires_at > now())",
             )
             .bind(token_hash)
@@ -2117,13 +2117,15 @@ impl Store for PgStore {
             .map_err(map)?;
             let Some(row) = row else { return Ok(None) };
             let customer: Option<String> = row.try_get("customer_id").map_err(map)?;
-            Ok(Some(match customer {
+            let expires_at: Option<Timestamp> = row.try_get("expires_at").map_err(map)?;
+            let scope = match customer {
                 None => TokenScope::Admin,
                 Some(c) => TokenScope::Customer(
                     CustomerId::parse(&c)
                         .map_err(|e| StoreError::Corrupt(format!("token customer_id: {e}")))?,
                 ),
-            }))
+            };
+            Ok(Some(hookd_store::FoundToken { scope, expires_at }))
         })
         .await
     }

@@ -77,10 +77,10 @@ use hookd_domain::{DeliveryId, EventId, JobId, SubscriptionId, Timestamp};
 use hookd_store::crypto::Keyring;
 use hookd_store::{
     Accepted, AttemptRecord, Backlog, ClaimRequest, ClaimedDelivery, DailyStats, Delivery,
-    DeliveryDetail, DeliveryQuery, DueDestination, Event, JobStep, Lease, NewDelivery, NewEvent,
-    NewReplayJob, NewSubscription, NewToken, Notice, RaisedSignal, RecordOutcome, ReplayJob,
-    Result, RetentionPolicy, RetentionReport, SignalKind, Store, StoreError, Subscription,
-    SubscriptionHealth, SubscriptionPatch, SubscriptionQuery, TokenScope,
+    DeliveryDetail, DeliveryQuery, DueDestination, Event, FoundToken, JobStep, Lease, NewDelivery,
+    NewEvent, NewReplayJob, NewSubscription, NewToken, Notice, RaisedSignal, RecordOutcome,
+    ReplayJob, Result, RetentionPolicy, RetentionReport, SignalKind, Store, StoreError,
+    Subscription, SubscriptionHealth, SubscriptionPatch, SubscriptionQuery,
 };
 use sqlx::migrate::{AppliedMigration, Migrate, MigrateError, Migrator};
 use sqlx::sqlite::{
@@ -600,7 +600,7 @@ impl Store for SqliteStore {
         tokens::create(self, token).await
     }
 
-    async fn find_token(&self, token_hash: &[u8]) -> Result<Option<TokenScope>> {
+    async fn find_token(&self, token_hash: &[u8]) -> Result<Option<FoundToken>> {
         tokens::find(self, token_hash).await
     }
 

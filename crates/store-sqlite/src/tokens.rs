@@ -1,10 +1,10 @@
 //! API tokens: only their SHA-256 hashes are stored, with their scope.
 
 use hookd_domain::CustomerId;
-use hookd_store::{NewToken, Result, TokenScope};
+use hookd_store::{FoundToken, NewToken, Result, TokenScope};
 
 use crate::SqliteStore;
-use crate::codec::{now_ms, to_ms};
+use crate::codec::{from_ms, now_ms, to_ms};
 use crate::error::{corrupt, from_sqlx};
 
 pub(crate) async fn create(store: &SqliteStore, token: NewToken) -> Result<()> {
@@ -24,10 +24,9 @@ pub(crate) async fn create(store: &SqliteStore, token: NewToken) -> Result<()> {
     tx.commit().await.map_err(from_sqlx)
 }
 
-pub(crate) async fn find(store: &SqliteStore, token_hash: &[u8]) -> Result<Option<TokenScope>> {
-    // Outer Option: is there a token; inner: is it scoped to a customer.
-    let found: Option<Option<String>> = sqlx::query_scalar(
-        "SELECT customer_id FROM tokens \
+pub(crate) async fn find(store: &SqliteStore, token_hash: &[u8]) -> Result<Option<FoundToken>> {
+    let found: Option<(Option<String>, Option<i64>)> = sqlx::query_as(
+        "SELECT customer_id, expires_at FROM tokens \
              WHERE token_hash = ? AND (expires_at IS NULL OR expires_at > ?)",
     )
     .bind(token_hash)
@@ -35,14 +34,19 @@ pub(crate) async fn find(store: &SqliteStore, token_hash: &[u8]) -> Result<Optio
     .fetch_optional(&store.reader)
     .await
     .map_err(from_sqlx)?;
-    found
-        .map(|customer| match customer {
-            None => Ok(TokenScope::Admin),
-            Some(c) => CustomerId::parse(&c)
-                .map(TokenScope::Customer)
-                .map_err(|e| corrupt("tokens.customer_id", e)),
-        })
-        .transpose()
+    let Some((customer, expires_at)) = found else {
+        return Ok(None);
+    };
+    let scope = match customer {
+        None => TokenScope::Admin,
+        Some(c) => CustomerId::parse(&c)
+            .map(TokenScope::Customer)
+            .map_err(|e| corrupt("tokens.customer_id", e))?,
+    };
+    let expires_at = expires_at
+        .map(|ms| from_ms(ms, "tokens.expires_at"))
+        .transpose()?;
+    Ok(Some(FoundToken { scope, expires_at }))
 }
 
 pub(crate) async fn has_admin(store: &SqliteStore) -> Result<bool> {

@@ -3072,12 +3072,15 @@ pub async fn tokens_are_found_by_hash(store: Arc<dyn Store>) {
         .unwrap();
     assert!(store.has_admin_token().await.unwrap());
     assert_eq!(
-        store.find_token(&[1; 32]).await.unwrap(),
+        store.find_token(&[1; 32]).await.unwrap().map(|t| t.scope),
         Some(TokenScope::Customer(CustomerId::parse("acme").unwrap()))
     );
     assert_eq!(
         store.find_token(&[2; 32]).await.unwrap(),
-        Some(TokenScope::Admin)
+        Some(FoundToken {
+            scope: TokenScope::Admin,
+            expires_at: None
+        })
     );
     assert_eq!(store.find_token(&[3; 32]).await.unwrap(), None);
     assert!(matches!(
@@ -3103,11 +3106,17 @@ pub async fn an_expired_token_is_not_found(store: Arc<dyn Store>) {
         .create_token(token(8, now - chrono::Duration::seconds(1)))
         .await
         .unwrap();
+    let found = store.find_token(&[7; 32]).await.unwrap();
     assert_eq!(
-        store.find_token(&[7; 32]).await.unwrap(),
+        found.as_ref().map(|t| t.scope.clone()),
         acme().map(TokenScope::Customer),
         "works until it expires"
     );
+    // The expiry comes back (to the store's precision), so a cache of the
+    // token can stop trusting it then.
+    let expires_at = found.unwrap().expires_at.expect("its expiry");
+    let off = (expires_at - (now + chrono::Duration::hours(1))).num_milliseconds();
+    assert!(off.abs() <= 1, "expires_at is off by {off} ms");
     assert_eq!(
         store.find_token(&[8; 32]).await.unwrap(),
         None,

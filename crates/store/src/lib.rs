@@ -472,9 +472,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Stores an API token's hash and scope. `Conflict` if the hash exists.
     async fn create_token(&self, token: NewToken) -> Result<()>;
 
-    /// The scope of the token with this hash, if any. A token whose
-    /// `expires_at` has passed (store clock) is as if absent.
-    async fn find_token(&self, token_hash: &[u8]) -> Result<Option<TokenScope>>;
+    /// The token with this hash, if any: its scope and expiry. A token
+    /// whose `expires_at` has passed (store clock) is as if absent.
+    async fn find_token(&self, token_hash: &[u8]) -> Result<Option<FoundToken>>;
 
     /// Whether an admin token (one with no customer) is stored.
     async fn has_admin_token(&self) -> Result<bool>;

@@ -345,6 +345,16 @@ pub struct NewToken {
     pub expires_at: Option<Timestamp>,
 }
 
+/// A stored token that is valid now: its scope, and when it stops being
+/// valid (so a cache of it can stop trusting it then).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FoundToken {
+    /// What it may see.
+    pub scope: TokenScope,
+    /// When it expires; `None`: never.
+    pub expires_at: Option<Timestamp>,
+}
+
 /// What a token may see.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TokenScope {

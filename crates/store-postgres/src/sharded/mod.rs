@@ -59,10 +59,11 @@ use hookd_domain::{DeliveryId, EventId, JobId, SubscriptionId, Timestamp};
 use hookd_store::{
     Accepted, AttemptRecord, Backlog, ClaimRequest, ClaimedDelivery, DailyStats, Delivery,
     DeliveryDetail, DeliveryQuery, DueDestination, DueSubscription, DueWork, Event, FanoutBacklog,
-    FanoutStep, JobState, JobStep, Lease, NewDelivery, NewEvent, NewReplayJob, NewSubscription,
-    NewToken, NodeHeartbeat, NodeInfo, Notice, RaisedSignal, RecordOutcome, ReplayJob, Result,
-    RetentionPolicy, RetentionReport, SchemaStatus, SignalKind, Store, StoreError, Subscription,
-    SubscriptionHealth, SubscriptionPatch, SubscriptionQuery, TokenScope, group_due_by_host,
+    FanoutStep, FoundToken, JobState, JobStep, Lease, NewDelivery, NewEvent, NewReplayJob,
+    NewSubscription, NewToken, NodeHeartbeat, NodeInfo, Notice, RaisedSignal, RecordOutcome,
+    ReplayJob, Result, RetentionPolicy, RetentionReport, SchemaStatus, SignalKind, Store,
+    StoreError, Subscription, SubscriptionHealth, SubscriptionPatch, SubscriptionQuery,
+    group_due_by_host,
 };
 
 use outbox::Part;
@@ -1378,7 +1379,7 @@ impl Store for ShardedStore {
         self.control.create_token(token).await
     }
 
-    async fn find_token(&self, token_hash: &[u8]) -> Result<Option<TokenScope>> {
+    async fn find_token(&self, token_hash: &[u8]) -> Result<Option<FoundToken>> {
         self.control.find_token(token_hash).await
     }
 
