@@ -125,6 +125,9 @@ pub struct SqliteStore {
     /// When ingest writes a fan-out job instead of an event's deliveries
     /// ([`with_lazy_fanout`](Self::with_lazy_fanout)).
     fanout: hookd_store::LazyFanout,
+    /// The subscription generation, cached for this file in this process
+    /// (see `process_lock::GenerationCache`).
+    generation: Arc<process_lock::GenerationCache>,
 }
 
 /// A `--database` URL this store cannot serve.
@@ -251,6 +254,7 @@ impl SqliteStore {
         Ok(Self {
             writer,
             reader,
+            generation: lock.generation.clone(),
             lock: Arc::new(Mutex::new(Some(lock))),
             keyring: Arc::new(keyring),
             fanout: hookd_store::LazyFanout::DEFAULT,

@@ -24,6 +24,7 @@
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use fs4::{FileExt, TryLockError};
@@ -40,6 +41,72 @@ static HELD: Mutex<BTreeMap<PathBuf, Weak<ProcessLock>>> = Mutex::new(BTreeMap::
 pub(crate) struct ProcessLock {
     /// The locked lock file: closing it is what releases the lock.
     _file: File,
+    /// The file's subscription generation as last read, shared by every
+    /// store of the file in this process, which is every writer of it.
+    pub(crate) generation: Arc<GenerationCache>,
+}
+
+/// The subscription generation, cached: this process is the file's only
+/// writer (the lock above), so its own subscription writes are the only
+/// way the generation moves, and each one invalidates the cache once it
+/// has committed. Ingest reads the generation on every event; served from
+/// here it costs no connection-thread hop and no read transaction.
+///
+/// A value is cached with the epoch it was read in, and an invalidation
+/// moves the epoch, so a read that raced a commit can cache only a value
+/// that is already stale by its epoch, never one that looks current.
+#[derive(Debug, Default)]
+pub(crate) struct GenerationCache {
+    epoch: AtomicU64,
+    cached: Mutex<Option<(u64, i64)>>,
+}
+
+impl GenerationCache {
+    /// The cached generation, if no subscription write has committed since
+    /// it was read.
+    pub(crate) fn get(&self) -> Option<i64> {
+        let epoch = self.epoch.load(Ordering::SeqCst);
+        match *self.cached.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some((at, generation)) if at == epoch => Some(generation),
+            _ => None,
+        }
+    }
+
+    /// The epoch to pass to [`put`](Self::put): take it before reading.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
+    /// Caches `generation`, read after [`epoch`](Self::epoch) gave `epoch`.
+    pub(crate) fn put(&self, epoch: u64, generation: i64) {
+        let mut cached = self.cached.lock().unwrap_or_else(|p| p.into_inner());
+        if self.epoch.load(Ordering::SeqCst) == epoch {
+            *cached = Some((epoch, generation));
+        }
+    }
+
+    /// Forgets the cached value: call after a transaction that bumped the
+    /// generation has committed (or failed: a spare re-read costs nothing).
+    pub(crate) fn invalidate(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A guard that invalidates when dropped. Taken before a transaction
+    /// that bumps the generation, it drops after that transaction has
+    /// committed or rolled back, on every path out of the function.
+    pub(crate) fn invalidate_on_drop(self: &Arc<Self>) -> InvalidateOnDrop {
+        InvalidateOnDrop(self.clone())
+    }
+}
+
+/// See [`GenerationCache::invalidate_on_drop`].
+#[derive(Debug)]
+pub(crate) struct InvalidateOnDrop(Arc<GenerationCache>);
+
+impl Drop for InvalidateOnDrop {
+    fn drop(&mut self) {
+        self.0.invalidate();
+    }
 }
 
 /// Another process holds the database file.
@@ -124,7 +191,10 @@ pub(crate) fn acquire(database: &Path) -> Result<Arc<ProcessLock>> {
         }
         Err(TryLockError::Error(e)) => return Err(failed(e)),
     }
-    let lock = Arc::new(ProcessLock { _file: file });
+    let lock = Arc::new(ProcessLock {
+        _file: file,
+        generation: Arc::default(),
+    });
     held.insert(key, Arc::downgrade(&lock));
     Ok(lock)
 }
@@ -132,6 +202,25 @@ pub(crate) fn acquire(database: &Path) -> Result<Arc<ProcessLock>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_generation_cache_never_keeps_a_value_read_before_a_write_ended() {
+        let cache = Arc::new(GenerationCache::default());
+        assert_eq!(cache.get(), None, "nothing read yet");
+        let epoch = cache.epoch();
+        cache.put(epoch, 7);
+        assert_eq!(cache.get(), Some(7));
+        // A write ends: the value is forgotten.
+        drop(cache.invalidate_on_drop());
+        assert_eq!(cache.get(), None);
+        // A read that began before a write ended cannot cache what it read.
+        let before = cache.epoch();
+        cache.invalidate();
+        cache.put(before, 7);
+        assert_eq!(cache.get(), None, "read in an older epoch");
+        cache.put(cache.epoch(), 8);
+        assert_eq!(cache.get(), Some(8));
+    }
 
     #[test]
     fn the_lock_file_sits_beside_the_database() {

@@ -24,6 +24,8 @@ pub(crate) async fn raise(
     // Under the write lock, "is it raised with this detail?" and "raise it"
     // cannot interleave with another raise: of N concurrent raises, one
     // raises it (and accepts its notice), the rest find it raised.
+    // Subscriptions (and so the generation) change: see `GenerationCache`.
+    let _generation = store.generation.invalidate_on_drop();
     let mut tx = store.write().await?;
     let now = now_ms();
     let sub = subscriptions::fetch(&mut *tx, &store.keyring, sub_id)

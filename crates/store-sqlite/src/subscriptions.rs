@@ -39,7 +39,9 @@ pub(crate) async fn fetch<'e>(
 }
 
 /// Bumped inside every subscription write transaction, so the change and the
-/// new generation become visible together.
+/// new generation become visible together. The caller takes
+/// `store.generation.invalidate_on_drop()` before the transaction, so the
+/// cached generation is forgotten once it has ended.
 pub(crate) async fn bump_generation(conn: &mut SqliteConnection) -> Result<()> {
     sqlx::query("UPDATE meta SET value = value + 1 WHERE key = 'subscription_generation'")
         .execute(conn)
@@ -61,6 +63,8 @@ pub(crate) async fn create(store: &SqliteStore, new: NewSubscription) -> Result<
         ),
         None => (None, None),
     };
+    // Subscriptions (and so the generation) change: see `GenerationCache`.
+    let _generation = store.generation.invalidate_on_drop();
     let mut tx = store.write().await?;
     let now = now_ms();
     sqlx::query(
@@ -150,6 +154,8 @@ pub(crate) async fn update(
     id: &SubscriptionId,
     patch: SubscriptionPatch,
 ) -> Result<Subscription> {
+    // Subscriptions (and so the generation) change: see `GenerationCache`.
+    let _generation = store.generation.invalidate_on_drop();
     let mut tx = store.write().await?;
     let now = now_ms();
     // Read, patch in Rust, write back whole: under the write lock nothing
@@ -236,6 +242,8 @@ pub(crate) async fn update(
 }
 
 pub(crate) async fn delete(store: &SqliteStore, id: &SubscriptionId) -> Result<()> {
+    // Subscriptions (and so the generation) change: see `GenerationCache`.
+    let _generation = store.generation.invalidate_on_drop();
     let mut tx = store.write().await?;
     let now = now_ms();
     // A tombstone, not a DELETE: the subscription's deliveries and attempts
@@ -267,10 +275,17 @@ pub(crate) async fn delete(store: &SqliteStore, id: &SubscriptionId) -> Result<(
 }
 
 pub(crate) async fn generation(store: &SqliteStore) -> Result<i64> {
-    sqlx::query_scalar("SELECT value FROM meta WHERE key = 'subscription_generation'")
-        .fetch_one(&store.reader)
-        .await
-        .map_err(from_sqlx)
+    if let Some(generation) = store.generation.get() {
+        return Ok(generation);
+    }
+    let epoch = store.generation.epoch();
+    let generation: i64 =
+        sqlx::query_scalar("SELECT value FROM meta WHERE key = 'subscription_generation'")
+            .fetch_one(&store.reader)
+            .await
+            .map_err(from_sqlx)?;
+    store.generation.put(epoch, generation);
+    Ok(generation)
 }
 
 /// Rows per reseal transaction: short enough that the writer is never held
