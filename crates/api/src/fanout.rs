@@ -6,8 +6,14 @@
 //! index, even when another node changed a subscription. Rebuilds happen under
 //! one async mutex, so a burst of events after a change loads the
 //! subscriptions once, not once per request.
+//!
+//! Concurrent ingests share generation reads too ([`GenerationReads`]): a
+//! request takes the value of a read that *began after it arrived*, so a
+//! burst of events costs one read, and no request can see a generation
+//! older than its own arrival.
 
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 
 use hookd_domain::matching::{FanoutTarget, SubscriptionIndex};
 use hookd_store::Store;
@@ -32,6 +38,45 @@ pub(crate) struct FanoutCache {
     // `.await`.
     current: RwLock<Arc<BuiltIndex>>,
     rebuild: tokio::sync::Mutex<()>,
+    generations: GenerationReads,
+}
+
+/// Store reads of the subscription generation, shared by the requests that
+/// wait for one at the same time.
+///
+/// Reads run one at a time (a fair async mutex) and are numbered as they
+/// begin. A request notes how many had begun when it arrived; once its turn
+/// comes, a completed read numbered above that began after it arrived and
+/// serves it; otherwise it reads itself. So while one read is in flight,
+/// every request arriving meanwhile is served by the single next read.
+#[derive(Debug, Default)]
+struct GenerationReads {
+    /// Reads begun.
+    begun: AtomicU64,
+    /// The latest completed read: its number and what it read.
+    latest: Mutex<Option<(u64, i64)>>,
+    one_at_a_time: tokio::sync::Mutex<()>,
+}
+
+impl GenerationReads {
+    /// The generation, by a read (`fetch`) that began after this call.
+    async fn read<F, Fut, E>(&self, fetch: F) -> Result<i64, E>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<i64, E>>,
+    {
+        let arrived = self.begun.load(Ordering::SeqCst);
+        let _turn = self.one_at_a_time.lock().await;
+        if let Some((n, generation)) = *self.latest.lock().unwrap_or_else(|p| p.into_inner())
+            && n > arrived
+        {
+            return Ok(generation);
+        }
+        let n = self.begun.fetch_add(1, Ordering::SeqCst) + 1;
+        let generation = fetch().await?;
+        *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = Some((n, generation));
+        Ok(generation)
+    }
 }
 
 impl FanoutCache {
@@ -44,7 +89,10 @@ impl FanoutCache {
 
     /// The index, rebuilt first if the store's generation has moved.
     pub(crate) async fn current(&self, store: &dyn Store) -> Result<Arc<BuiltIndex>, ApiError> {
-        let generation = store.subscription_generation().await?;
+        let generation = self
+            .generations
+            .read(|| store.subscription_generation())
+            .await?;
         let cached = self.cached();
         if cached.generation == Some(generation) {
             return Ok(cached);
@@ -81,5 +129,65 @@ impl FanoutCache {
         });
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = built.clone();
         Ok(built)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicI64;
+    use std::time::Duration;
+
+    use futures::FutureExt as _;
+    use tokio::sync::Semaphore;
+
+    use super::*;
+
+    /// While one read is in flight, every request arriving meanwhile is
+    /// served by one next read, which began after they arrived; none gets
+    /// the value of the read that was already under way.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn requests_arriving_during_a_read_share_the_next_one() {
+        let reads = Arc::new(GenerationReads::default());
+        let count = Arc::new(AtomicI64::new(0));
+        let gate = Arc::new(Semaphore::new(0));
+        let read = || {
+            let (reads, count, gate) = (reads.clone(), count.clone(), gate.clone());
+            async move {
+                reads
+                    .read(|| async {
+                        // A read's value is its number: 1, 2, …
+                        let n = count.fetch_add(1, Ordering::SeqCst) + 1;
+                        gate.acquire().await.unwrap().forget();
+                        Ok::<i64, ()>(n)
+                    })
+                    .await
+            }
+            .boxed()
+        };
+        let first = tokio::spawn(read());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while count.load(Ordering::SeqCst) < 1 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the first read began"
+            );
+            tokio::task::yield_now().await;
+        }
+        // Ten requests arrive while it is in flight: polled once, each notes
+        // its arrival and waits for its turn.
+        let mut later: Vec<_> = (0..10).map(|_| read()).collect();
+        for r in &mut later {
+            assert!(r.now_or_never().is_none(), "waits behind the first read");
+        }
+        gate.add_permits(100);
+        assert_eq!(first.await.unwrap(), Ok(1));
+        for r in later {
+            assert_eq!(r.await, Ok(2), "served by the read after theirs began");
+        }
+        assert_eq!(
+            count.load(Ordering::SeqCst),
+            2,
+            "two reads for eleven requests"
+        );
     }
 }
