@@ -607,21 +607,26 @@ mod egress_tests {
         );
     }
 
+    /// A public-only sender whose requests go through a proxy on loopback.
+    fn proxied_sender(resolver: Arc<StaticResolver>, proxy_port: u16) -> Sender {
+        Sender::new(
+            Duration::from_secs(10),
+            1024,
+            Egress {
+                policy: DestinationPolicy::PublicOnly,
+                resolver,
+                proxy: Some(format!("http://127.0.0.1:{proxy_port}")),
+            },
+        )
+        .unwrap()
+    }
+
     #[tokio::test]
     async fn with_a_proxy_the_target_is_checked_before_sending() {
         // The "proxy" is a listener that must never be reached.
         let (proxy, port) = receiver(Ipv4Addr::LOCALHOST);
         let resolver = Arc::new(StaticResolver::new([("rebind.test", vec![ip("10.0.0.7")])]));
-        let s = Sender::new(
-            Duration::from_secs(10),
-            1024,
-            Egress {
-                policy: DestinationPolicy::PublicOnly,
-                resolver: resolver.clone(),
-                proxy: Some(format!("http://127.0.0.1:{port}")),
-            },
-        )
-        .unwrap();
+        let s = proxied_sender(resolver.clone(), port);
         for url in ["http://rebind.test/hook", "http://169.254.169.254/"] {
             let sent = attempt(&s, url).await;
             assert_eq!(
@@ -644,16 +649,7 @@ mod egress_tests {
             "public.test",
             vec![ip("93.184.216.34")],
         )]));
-        let s = Sender::new(
-            Duration::from_secs(10),
-            1024,
-            Egress {
-                policy: DestinationPolicy::PublicOnly,
-                resolver: resolver.clone(),
-                proxy: Some(format!("http://127.0.0.1:{port}")),
-            },
-        )
-        .unwrap();
+        let s = proxied_sender(resolver.clone(), port);
         let sent = attempt(&s, "http://public.test/hook").await;
         assert!(
             matches!(sent.result, AttemptResult::Status { code: 204, .. }),
