@@ -513,6 +513,8 @@ mod tests {
             "HOOKD_RETAIN_DELIVERIES",
             "HOOKD_RETAIN_EVENTS",
             "HOOKD_DISABLE_AFTER",
+            "HOOKD_ALLOW_PRIVATE_DESTINATIONS",
+            "HOOKD_ALLOW_DESTINATION_CIDRS",
         ] {
             assert!(
                 std::env::var_os(var).is_none(),
@@ -561,6 +563,33 @@ mod tests {
             Cli::try_parse_from(["hookd", "serve", "--retain-events", "soon"]).is_err(),
             "not a duration"
         );
+    }
+
+    #[test]
+    fn the_destination_check_is_on_by_default_and_its_allowlist_parses() {
+        let args = serve_args(&[]);
+        assert!(
+            !args.allow_private_destinations,
+            "SSRF protection is the default"
+        );
+        assert!(args.allow_destination_cidrs.is_empty());
+        let args = serve_args(&[
+            "--allow-destination-cidr",
+            "10.1.0.0/16",
+            "--allow-destination-cidr=127.0.0.2,fd00::/8",
+        ]);
+        let cidrs: Vec<String> = args
+            .allow_destination_cidrs
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(cidrs, ["10.1.0.0/16", "127.0.0.2/32", "fd00::/8"]);
+        assert!(
+            Cli::try_parse_from(["hookd", "serve", "--allow-destination-cidr", "10.0.0.0/33"])
+                .is_err(),
+            "not a CIDR"
+        );
+        assert!(serve_args(&["--allow-private-destinations"]).allow_private_destinations);
     }
 
     #[test]
