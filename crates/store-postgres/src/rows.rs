@@ -13,8 +13,8 @@ use hookd_domain::subscription::{RetryPolicy, SigningKeys, SubscriptionState};
 use hookd_domain::{CustomerId, DeliveryId, EventId, JobId, SubscriptionId};
 use hookd_store::crypto::Keyring;
 use hookd_store::{
-    Attempt, AttemptCount, Delivery, Event, JobState, RaisedSignal, ReplayJob, Result, SignalKind,
-    StoreError, Subscription, SubscriptionHealth,
+    Attempt, AttemptCount, ClaimedDelivery, Delivery, Event, JobState, Lease, RaisedSignal,
+    ReplayJob, Result, SignalKind, StoreError, Subscription, SubscriptionHealth,
 };
 use sqlx::Row;
 use sqlx::postgres::PgRow;
@@ -196,6 +196,21 @@ pub(crate) fn delivery(row: &PgRow) -> Result<Delivery> {
 /// The lease token a delivery row carries (meaningful while `inflight`).
 pub(crate) fn lease_token(row: &PgRow) -> Result<i64> {
     get(row, "d_lease_token")
+}
+
+/// A claimed row of the claim statements: the delivery with its lease,
+/// event and subscription.
+pub(crate) fn claimed(row: &PgRow, keyring: &Keyring) -> Result<ClaimedDelivery> {
+    let delivery = delivery(row)?;
+    Ok(ClaimedDelivery {
+        lease: Lease {
+            delivery_id: delivery.id,
+            token: lease_token(row)?,
+        },
+        delivery,
+        event: event(row)?,
+        subscription: subscription(row, keyring)?,
+    })
 }
 
 /// An attempt and the delivery it belongs to.

@@ -330,16 +330,7 @@ impl PgStore {
                     .ok()
                     .and_then(|k| out.get_mut(k))
                     .ok_or_else(|| StoreError::Corrupt(format!("claim row for request {idx}")))?;
-                let delivery = rows::delivery(row)?;
-                slot.1.push(ClaimedDelivery {
-                    lease: Lease {
-                        delivery_id: delivery.id,
-                        token: rows::lease_token(row)?,
-                    },
-                    delivery,
-                    event: rows::event(row)?,
-                    subscription: rows::subscription(row, &self.keyring)?,
-                });
+                slot.1.push(rows::claimed(row, &self.keyring)?);
             }
             Ok(out)
         })
@@ -1305,18 +1296,7 @@ impl Store for PgStore {
             }
             let rows = claim.fetch_all(&self.pool).await.map_err(map)?;
             rows.iter()
-                .map(|row| {
-                    let delivery = rows::delivery(row)?;
-                    Ok(ClaimedDelivery {
-                        lease: Lease {
-                            delivery_id: delivery.id,
-                            token: rows::lease_token(row)?,
-                        },
-                        delivery,
-                        event: rows::event(row)?,
-                        subscription: rows::subscription(row, &self.keyring)?,
-                    })
-                })
+                .map(|row| rows::claimed(row, &self.keyring))
                 .collect()
         })
         .await

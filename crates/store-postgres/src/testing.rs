@@ -37,14 +37,11 @@ pub struct TestDatabase {
     dropped: bool,
 }
 
-/// Creates a uniquely named, empty schema in `HOOKD_TEST_DATABASE_URL`.
-///
-/// `None` (with a one-line notice on stderr) when the variable is unset,
-/// unless `CI=true`, which panics. Panics if the variable is set but the
-/// server cannot be reached: a configured database that fails is a failure,
-/// never a skip.
-pub async fn fresh_schema() -> Option<TestDatabase> {
-    let Ok(base_url) = std::env::var(DATABASE_URL_VAR) else {
+/// `HOOKD_TEST_DATABASE_URL`, the server tests may use; `None` (with a
+/// one-line notice on stderr) when it is unset, unless `CI=true`, which
+/// panics: CI can never pass by skipping the PostgreSQL tests.
+pub fn server_url() -> Option<String> {
+    let Ok(url) = std::env::var(DATABASE_URL_VAR) else {
         if std::env::var("CI").is_ok_and(|v| v == "true") {
             panic!(
                 "CI=true but {DATABASE_URL_VAR} is not set: the PostgreSQL tests must run in CI"
@@ -53,6 +50,17 @@ pub async fn fresh_schema() -> Option<TestDatabase> {
         eprintln!("skipping PostgreSQL test: {DATABASE_URL_VAR} is not set");
         return None;
     };
+    Some(url)
+}
+
+/// Creates a uniquely named, empty schema in `HOOKD_TEST_DATABASE_URL`.
+///
+/// `None` (with a one-line notice on stderr) when the variable is unset,
+/// unless `CI=true`, which panics. Panics if the variable is set but the
+/// server cannot be reached: a configured database that fails is a failure,
+/// never a skip.
+pub async fn fresh_schema() -> Option<TestDatabase> {
+    let base_url = server_url()?;
     let schema = format!("t_{}", uuid::Uuid::now_v7().simple());
     let mut conn = PgConnection::connect(&base_url).await.unwrap_or_else(|e| {
         panic!("{DATABASE_URL_VAR} is set but the database cannot be reached: {e}")

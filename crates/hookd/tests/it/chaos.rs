@@ -17,10 +17,10 @@ use std::time::{Duration, Instant};
 use hookd_domain::delivery::DeliveryState;
 use hookd_domain::placement::{PlacementKey, shard_of};
 use hookd_store::{DeliveryQuery, Store as _};
-use hookd_store_postgres::testing::{DATABASE_URL_VAR, TestDatabase, fresh_schema};
+use hookd_store_postgres::testing::{DATABASE_URL_VAR, TestDatabase, fresh_schema, server_url};
 use hookd_store_postgres::{PgOptions, PgStore};
 use rand::Rng as _;
-use serde_json::{Value, json};
+use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use crate::helpers::*;
@@ -131,15 +131,7 @@ impl ChaosDatabases {
     /// does nothing); under `CI=true` a missing variable or an unreachable
     /// server fails, as for every PostgreSQL test.
     async fn create() -> Option<Self> {
-        let Ok(base_url) = std::env::var(DATABASE_URL_VAR) else {
-            if std::env::var("CI").is_ok_and(|v| v == "true") {
-                panic!(
-                    "CI=true but {DATABASE_URL_VAR} is not set: the PostgreSQL tests must run in CI"
-                );
-            }
-            eprintln!("skipping PostgreSQL test: {DATABASE_URL_VAR} is not set");
-            return None;
-        };
+        let base_url = server_url()?;
         let names: Vec<String> = (0..3)
             .map(|n| format!("hookd_chaos_{}_{n}", std::process::id()))
             .collect();
@@ -222,32 +214,8 @@ async fn post_events(
             "payload": {"n": n},
             "idempotency_key": format!("chaos-{n}"),
         });
-        let event_id = loop {
-            let sent = client
-                .post(format!("{api}/events"))
-                .bearer_auth(PROCESS_TOKEN)
-                .json(&body)
-                .send()
-                .await;
-            match sent {
-                Ok(r) if r.status() == 202 => {
-                    if let Ok(v) = r.json::<Value>().await {
-                        break v["event_id"].as_str().unwrap().to_owned();
-                    }
-                }
-                Ok(r) if r.status().is_server_error() || r.status() == 429 => {
-                    eprintln!("chaos: POST /events answered {}; retrying", r.status());
-                }
-                Ok(r) => panic!(
-                    "POST /events answered {}: {}",
-                    r.status(),
-                    r.text().await.unwrap_or_default()
-                ),
-                Err(e) => eprintln!("chaos: POST /events failed ({e}); retrying"),
-            }
-            retries.fetch_add(1, Ordering::SeqCst);
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        };
+        let (event_id, failed) = post_until_accepted(&client, || api.clone(), &body).await;
+        retries.fetch_add(failed, Ordering::SeqCst);
         last = Instant::now();
         ids.lock().unwrap()[n] = Some(event_id);
         accepted.fetch_add(1, Ordering::SeqCst);

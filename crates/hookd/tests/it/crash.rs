@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::Rng as _;
-use serde_json::{Value, json};
+use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use crate::helpers::*;
@@ -60,28 +60,8 @@ async fn post_events(
             "payload": {"n": n},
             "idempotency_key": format!("crash-{n}"),
         });
-        let event_id = loop {
-            let base = target.lock().unwrap().clone();
-            let sent = client
-                .post(format!("{base}/events"))
-                .bearer_auth(PROCESS_TOKEN)
-                .json(&body)
-                .send()
-                .await;
-            match sent {
-                Ok(r) if r.status() == 202 => {
-                    // An error here: the process died while answering.
-                    if let Ok(v) = r.json::<Value>().await {
-                        break v["event_id"].as_str().unwrap().to_owned();
-                    }
-                }
-                Ok(r) if r.status().is_server_error() => {}
-                Ok(r) => panic!("POST /events answered {}", r.status()),
-                Err(_) => {} // refused or reset: hookd is down
-            }
-            // Pace the retries while hookd restarts.
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        };
+        let (event_id, _) =
+            post_until_accepted(&client, || target.lock().unwrap().clone(), &body).await;
         ids.lock().unwrap()[n] = Some(event_id);
         accepted.fetch_add(1, Ordering::SeqCst);
     }

@@ -465,6 +465,47 @@ impl TestReceiver {
 /// The admin token [`ServeProcess`] runs with.
 pub const PROCESS_TOKEN: &str = "test-admin-token";
 
+/// Posts `body` to `POST /events` of the node at `base()` until a 202, as a
+/// real producer would: the same body (so the same idempotency key) again
+/// after a 5xx, a 429 or a failed connection, paced at 25 ms, asking `base`
+/// before each try so a restarted node's new address is used. Any other
+/// answer fails the test. Returns the event id and how many tries failed.
+pub async fn post_until_accepted(
+    client: &reqwest::Client,
+    base: impl Fn() -> String,
+    body: &Value,
+) -> (String, usize) {
+    let mut retries = 0;
+    loop {
+        let sent = client
+            .post(format!("{}/events", base()))
+            .bearer_auth(PROCESS_TOKEN)
+            .json(body)
+            .send()
+            .await;
+        match sent {
+            Ok(r) if r.status() == 202 => {
+                // An error here: the node died while answering.
+                if let Ok(v) = r.json::<Value>().await {
+                    return (v["event_id"].as_str().unwrap().to_owned(), retries);
+                }
+            }
+            Ok(r) if r.status().is_server_error() || r.status() == 429 => {
+                eprintln!("POST /events answered {}; retrying", r.status());
+            }
+            Ok(r) => panic!(
+                "POST /events answered {}: {}",
+                r.status(),
+                r.text().await.unwrap_or_default()
+            ),
+            // Refused or reset: the node is down.
+            Err(e) => eprintln!("POST /events failed ({e}); retrying"),
+        }
+        retries += 1;
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
 /// The real `hookd serve` binary (the one `cargo test` builds, with
 /// failpoints) on `database`, as an operator runs it, with a short lease so
 /// that a crashed process's claims come back quickly. Dropping it kills it.
