@@ -21,7 +21,6 @@ use hookd_store_postgres::testing::{DATABASE_URL_VAR, TestDatabase, fresh_schema
 use hookd_store_postgres::{PgOptions, PgStore};
 use rand::Rng as _;
 use serde_json::json;
-use sha2::{Digest, Sha256};
 
 use crate::helpers::*;
 
@@ -551,14 +550,7 @@ async fn sharded_workers_sigkilled_mid_run_lose_nothing() {
     let mut duplicates = 0;
     let mut lost = Vec::new();
     for (i, (rx, sub_id)) in receivers.iter().zip(&subs).enumerate() {
-        let mut per_event: HashMap<String, Vec<String>> = HashMap::new();
-        for r in rx.received() {
-            let event_id = r.json()["event_id"].as_str().unwrap().to_owned();
-            per_event
-                .entry(event_id)
-                .or_default()
-                .push(r.header("webhook-id").to_owned());
-        }
+        let per_event = rx.webhook_ids_by_event();
         let expected: HashSet<&String> = ids.iter().skip(i % TYPES).step_by(TYPES).collect();
         for event_id in &expected {
             if !per_event.contains_key(*event_id) {
@@ -571,7 +563,7 @@ async fn sharded_workers_sigkilled_mid_run_lose_nothing() {
                 "{} received {event_id}, which is not one of its events",
                 rx.addr
             );
-            let id = hex::encode(Sha256::digest(format!("{event_id}|{sub_id}").as_bytes()));
+            let id = expected_webhook_id(event_id, sub_id);
             assert!(
                 webhook_ids.iter().all(|w| *w == id),
                 "{event_id} → {sub_id}: webhook-ids {webhook_ids:?}, expected {id}"

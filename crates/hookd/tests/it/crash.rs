@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use rand::Rng as _;
 use serde_json::json;
-use sha2::{Digest, Sha256};
 
 use crate::helpers::*;
 
@@ -204,17 +203,10 @@ async fn every_pair_arrives_with_a_stable_webhook_id_across_sigkills(backend: Ba
     // Every copy of a pair carries the pair's one webhook-id.
     let mut duplicates = 0;
     for (rx, sub_id) in receivers.iter().zip(&subs) {
-        let mut per_event: HashMap<String, Vec<String>> = HashMap::new();
-        for r in rx.received() {
-            let event_id = r.json()["event_id"].as_str().unwrap().to_owned();
-            per_event
-                .entry(event_id)
-                .or_default()
-                .push(r.header("webhook-id").to_owned());
-        }
+        let per_event = rx.webhook_ids_by_event();
         assert_eq!(per_event.len(), EVENTS, "no webhook for an unknown event");
         for (event_id, webhook_ids) in per_event {
-            let expected = hex::encode(Sha256::digest(format!("{event_id}|{sub_id}").as_bytes()));
+            let expected = expected_webhook_id(&event_id, sub_id);
             assert!(
                 webhook_ids.iter().all(|w| *w == expected),
                 "{event_id} → {sub_id}: webhook-ids {webhook_ids:?}, expected {expected}"

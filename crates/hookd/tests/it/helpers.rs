@@ -1,7 +1,7 @@
 //! `spawn_app()` and `TestReceiver`: the two fixtures every end-to-end test
 //! stands on.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
@@ -419,6 +419,19 @@ impl TestReceiver {
         self.state.received.lock().unwrap().clone()
     }
 
+    /// The `webhook-id` of every request received, by the event it carried.
+    pub fn webhook_ids_by_event(&self) -> HashMap<String, Vec<String>> {
+        let mut per_event: HashMap<String, Vec<String>> = HashMap::new();
+        for r in self.received() {
+            let event_id = r.json()["event_id"].as_str().unwrap().to_owned();
+            per_event
+                .entry(event_id)
+                .or_default()
+                .push(r.header("webhook-id").to_owned());
+        }
+        per_event
+    }
+
     /// Waits until at least `n` requests arrived.
     pub async fn wait_for(&self, n: usize) -> Vec<Received> {
         eventually(&format!("{n} requests at {}", self.addr), || async {
@@ -464,6 +477,15 @@ impl TestReceiver {
 
 /// The admin token [`ServeProcess`] runs with.
 pub const PROCESS_TOKEN: &str = "test-admin-token";
+
+/// The `webhook-id` every attempt of the delivery of `event_id` to `sub_id`
+/// carries: `sha256(event_id|sub_id)`, hex.
+pub fn expected_webhook_id(event_id: &str, sub_id: &str) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(
+        format!("{event_id}|{sub_id}").as_bytes(),
+    ))
+}
 
 /// Posts `body` to `POST /events` of the node at `base()` until a 202, as a
 /// real producer would: the same body (so the same idempotency key) again
