@@ -23,9 +23,10 @@
 //! - a period whose mean success latency climbs above twice its baseline (and
 //!   above 100 ms, so a 3 ms → 7 ms wobble is not a signal) multiplies it by
 //!   0.8: latency is an earlier, softer signal than failures;
-//! - a healthy period in which the bucket *ran dry* (the rate, not the
-//!   concurrency cap or a lack of work, was what limited us) multiplies it by
-//!   1.5. Multiplicative rather than additive, so a fast healthy destination
+//! - a healthy period in which the rate, not the concurrency cap or a lack
+//!   of work, was what limited us (the dispatcher planned for a host with
+//!   fewer tokens than free slots, or a start emptied the bucket)
+//!   multiplies it by 1.5. Multiplicative rather than additive, so a fast healthy destination
 //!   is not throttled far below what it sustains: from the initial 50/s it
 //!   reaches 1 000/s in 8 s and the 10 000/s ceiling in 14 s. Additive
 //!   increase would need a step of hundreds per second to do the same, which
@@ -210,7 +211,8 @@ pub struct PeriodStats {
     pub failures: u32,
     /// The summed latency of the successes.
     pub success_latency: Duration,
-    /// Whether the bucket ran dry: the rate was what limited starts.
+    /// Whether the rate was what limited starts: a plan found fewer tokens
+    /// than free slots, or a start emptied the bucket.
     pub rate_bound: bool,
 }
 
