@@ -350,19 +350,7 @@ async fn attempt(
         global,
     } = job;
     tokio::select! {
-        outcome = run_attempt(&inner, &claimed, &recorder) => {
-            let transition = permit.finish(outcome);
-            if let Some(t) = transition {
-                let to = match t { CircuitTransition::Opened => "open", CircuitTransition::Closed => "closed" };
-                metrics::counter!("hookd_circuit_transitions_total", "to" => to).increment(1);
-            }
-            if transition == Some(CircuitTransition::Opened) {
-                tracing::warn!(
-                    destination = %claimed.delivery.destination_host,
-                    "circuit opened: attempts to this destination pause until a probe succeeds"
-                );
-            }
-        }
+        () = run_attempt(&inner, &claimed, permit, &recorder) => {}
         // Dropping the permit unfinished cancels it in admission.
         _ = hard_stop.cancelled() => unfinished.lock().unwrap().push(claimed.lease),
     }
@@ -370,12 +358,25 @@ async fn attempt(
     inner.slot_freed.notify_one();
 }
 
-/// Makes the attempt and records it; returns how it went, for admission.
+/// Makes the attempt, tells admission how it went as soon as the
+/// destination has answered, and records it.
+///
+/// The destination's slot (its concurrency cap, the fair share, the
+/// breaker's ticket) is given back when the answer is in, not when the
+/// record is: the cap bounds requests the destination is serving, and the
+/// record is hookd's own bookkeeping. Holding the slot through the record
+/// made a host's throughput its cap over the record's latency (20 slots over
+/// a ~150 ms batched commit: ~130/s per host, whatever the destination could
+/// take). The global slot is still held until the record is back, so
+/// attempts waiting on the store stay bounded. An ordered subscription
+/// cannot get ahead of itself: the store refuses its next delivery while
+/// this one is still in flight there.
 async fn run_attempt(
     inner: &Inner,
     claimed: &ClaimedDelivery,
+    permit: AttemptPermit,
     recorder: &Recorder,
-) -> AttemptOutcome {
+) {
     let cfg = &inner.config;
     let number = claimed.delivery.attempt + 1;
     fail::fail_point!("dispatch.after_claim");
@@ -398,6 +399,21 @@ async fn run_attempt(
         kind: OutcomeKind::from_verdict(decision.verdict),
         latency,
     };
+    let transition = permit.finish(outcome);
+    if let Some(t) = transition {
+        let to = match t {
+            CircuitTransition::Opened => "open",
+            CircuitTransition::Closed => "closed",
+        };
+        metrics::counter!("hookd_circuit_transitions_total", "to" => to).increment(1);
+    }
+    if transition == Some(CircuitTransition::Opened) {
+        tracing::warn!(
+            destination = %claimed.delivery.destination_host,
+            "circuit opened: attempts to this destination pause until a probe succeeds"
+        );
+    }
+    inner.slot_freed.notify_one();
     tracing::debug!(
         delivery_id = %claimed.delivery.id,
         destination = %claimed.delivery.destination_host,
@@ -431,7 +447,6 @@ async fn run_attempt(
             }
         }
     }
-    outcome
 }
 
 /// Counts the attempt by its result and error class, and times it.
