@@ -9,24 +9,32 @@
 //! to [`BATCH`]; while other attempts of this process are still running it
 //! lingers up to [`LINGER`] for theirs, and flushes at once when every
 //! running attempt's record is in the batch. Records that arrive during a
-//! flush form the next batch (group commit).
+//! flush form the next batch (group commit). With `record_flushes` above
+//! one (PostgreSQL), a batch that reaches [`SIDE_BY_SIDE_MIN`] while
+//! flushes are running commits beside them on its own connection; a smaller
+//! one waits, so light load makes no more commits than with one flush.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use hookd_store::{AttemptRecord, RecordOutcome, StoreError};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::claim::{Inner, error_chain};
 
-/// Most records in one transaction. Batches are flushed one after another
-/// and every attempt holds its global slot until its record is back, so
+/// Most records in one transaction. With one flush at a time (SQLite), as
+/// every attempt holds its global slot until its record is back,
 /// this caps delivered/s at `BATCH` per flush: at 64, with a flush taking
 /// ~34 ms behind the SQLite writer in the `fanout` benchmark, that was
 /// ~1,900/s — the whole pipeline's rate. One global slot's worth (the
 /// default `--max-in-flight`) lets a flush take everything that finished.
 pub(crate) const BATCH: usize = 1024;
+
+/// The smallest batch that commits beside other flushes (when
+/// `record_flushes` allows more than one); a smaller one waits for them.
+pub(crate) const SIDE_BY_SIDE_MIN: usize = 64;
 
 /// Longest a batch waits for more records while attempts are still running.
 pub(crate) const LINGER: Duration = Duration::from_millis(2);
@@ -79,6 +87,11 @@ async fn run(
     mut rx: mpsc::UnboundedReceiver<Pending>,
     hard_stop: CancellationToken,
 ) {
+    // `record_flushes` batches commit side by side; the next one gathers
+    // while they do, and waits for a free flush before it is sent.
+    let flushes = Arc::new(Semaphore::new(inner.config.record_flushes));
+    let running_flushes = TaskTracker::new();
+    let flush_done = Arc::new(tokio::sync::Notify::new());
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
         take_queued(&mut rx, &mut batch);
@@ -98,8 +111,41 @@ async fn run(
                 }
             }
         }
-        flush(&inner, batch, &hard_stop).await;
+        // A small batch while a flush is running waits for it, gathering
+        // what arrives meanwhile, as with one flush: light load does not
+        // pay for more commits (each a WAL flush) with latency. A batch
+        // that grows to SIDE_BY_SIDE_MIN (records come faster than one
+        // flush writes them) goes beside the running flushes.
+        let all = inner.config.record_flushes;
+        let mut open = true;
+        while open && batch.len() < SIDE_BY_SIDE_MIN && flushes.available_permits() < all {
+            tokio::select! {
+                _ = flush_done.notified() => {}
+                got = rx.recv() => match got {
+                    Some(p) => {
+                        batch.push(p);
+                        take_queued(&mut rx, &mut batch);
+                    }
+                    None => open = false,
+                },
+            }
+        }
+        // The semaphore is never closed: acquiring only waits.
+        let Ok(slot) = flushes.clone().acquire_owned().await else {
+            break;
+        };
+        // Whatever queued while every flush was busy joins this batch.
+        take_queued(&mut rx, &mut batch);
+        let (inner, hard_stop) = (inner.clone(), hard_stop.clone());
+        let done = flush_done.clone();
+        running_flushes.spawn(async move {
+            flush(&inner, batch, &hard_stop).await;
+            drop(slot);
+            done.notify_one();
+        });
     }
+    running_flushes.close();
+    running_flushes.wait().await;
 }
 
 /// Attempts running in this process (each holds a global permit).

@@ -426,6 +426,11 @@ impl App {
         // The same policy at creation (API) and at connect time (dispatch).
         let mut dispatch_config = config.dispatch;
         dispatch_config.egress.policy = policy;
+        if !is_postgres(&config.database) {
+            // SQLite has one writer: a second record batch would only queue
+            // on its lock, and make smaller batches.
+            dispatch_config.record_flushes = 1;
+        }
         let mut api_config = hookd_api::ApiConfig::new(policy);
         api_config.admin_token_hash = admin_token_hash;
         let state = hookd_api::AppState::new(store.clone(), api_config, wake.clone());
