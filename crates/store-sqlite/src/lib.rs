@@ -105,6 +105,12 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// lookups on a small machine.
 const READ_CONNECTIONS: u32 = 4;
 
+/// Rows a connection's thread may run ahead of the task reading them.
+/// sqlx's default, 50, made the writer's thread stop and wait for the async
+/// side every 50 rows of a claim's load (a thread wake-up each way) while
+/// the write lock was held.
+const ROW_BUFFER: usize = 4096;
+
 /// The SQLite store.
 ///
 /// Cheap to share behind an `Arc`; both pools are internally synchronized.
@@ -219,7 +225,8 @@ impl SqliteStore {
             // corrupts the file. The durability trade the design accepts for
             // an embedded store.
             .synchronous(SqliteSynchronous::Normal)
-            .pragma("temp_store", "memory");
+            .pragma("temp_store", "memory")
+            .row_buffer_size(ROW_BUFFER);
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
             // Keep the one connection open: closing the last connection
