@@ -227,8 +227,7 @@ pub(crate) async fn claim_many(
     // RETURNING cannot join, so load the claimed rows with their event and
     // subscription in one query per batch of ids (one, for any sane pass).
     let all: Vec<Uuid> = ids.iter().flatten().copied().collect();
-    let mut loaded: std::collections::HashMap<Uuid, ClaimedDelivery> =
-        std::collections::HashMap::with_capacity(all.len());
+    let mut rows = Vec::with_capacity(all.len());
     for chunk in all.chunks(IDS_PER_QUERY) {
         let mut q = QueryBuilder::<Sqlite>::new(concat!(
             "SELECT ",
@@ -245,23 +244,30 @@ pub(crate) async fn claim_many(
             list.push_bind(*id);
         }
         q.push(")");
-        for row in q.build().fetch_all(&mut *tx).await.map_err(from_sqlx)? {
-            let (delivery, token) = codec::delivery(&row)?;
-            loaded.insert(
-                *delivery.id.as_uuid(),
-                ClaimedDelivery {
-                    lease: Lease {
-                        delivery_id: delivery.id,
-                        token,
-                    },
-                    event: codec::event(&row)?,
-                    subscription: codec::subscription(&row, &store.keyring)?,
-                    delivery,
-                },
-            );
-        }
+        rows.extend(q.build().fetch_all(&mut *tx).await.map_err(from_sqlx)?);
     }
+    // Decoded (secrets opened) after the commit: the write lock is not held
+    // while the async side works through the rows. A row that fails to
+    // decode fails the call; its delivery stays leased until the lease
+    // expires, as after any claim whose worker went away.
     tx.commit().await.map_err(from_sqlx)?;
+    let mut loaded: std::collections::HashMap<Uuid, ClaimedDelivery> =
+        std::collections::HashMap::with_capacity(all.len());
+    for row in rows {
+        let (delivery, token) = codec::delivery(&row)?;
+        loaded.insert(
+            *delivery.id.as_uuid(),
+            ClaimedDelivery {
+                lease: Lease {
+                    delivery_id: delivery.id,
+                    token,
+                },
+                event: codec::event(&row)?,
+                subscription: codec::subscription(&row, &store.keyring)?,
+                delivery,
+            },
+        );
+    }
     let mut out = Vec::with_capacity(reqs.len());
     for (req, ids) in reqs.iter().zip(ids) {
         let mut claimed: Vec<ClaimedDelivery> =
