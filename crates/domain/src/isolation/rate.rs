@@ -26,12 +26,12 @@
 //! - a healthy period in which the rate, not the concurrency cap or a lack
 //!   of work, was what limited us (the dispatcher planned for a host with
 //!   fewer tokens than free slots, or a start emptied the bucket)
-//!   multiplies it by 1.5. Multiplicative rather than additive, so a fast healthy destination
-//!   is not throttled far below what it sustains: from the initial 50/s it
-//!   reaches 1 000/s in 8 s and the 10 000/s ceiling in 14 s. Additive
-//!   increase would need a step of hundreds per second to do the same, which
-//!   is reckless for a slow destination at 5/s;
-//! - a healthy period in which the bucket did not run dry leaves it alone:
+//!   multiplies it by 1.5. Multiplicative rather than additive, so a fast
+//!   healthy destination is not throttled far below what it sustains: from
+//!   the initial 50/s it reaches 1 000/s in 8 s and the 10 000/s ceiling in
+//!   14 s. Additive increase would need a step of hundreds per second to do
+//!   the same, which is reckless for a slow destination at 5/s;
+//! - a healthy period in which the rate did not limit us leaves it alone:
 //!   a ceiling the destination earned is not evidence against it, and
 //!   growing an unused ceiling would let a later burst through unthrottled.
 //!
