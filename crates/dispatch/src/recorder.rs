@@ -18,9 +18,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hookd_store::{AttemptRecord, RecordOutcome, StoreError};
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::claim::{Inner, error_chain};
 
@@ -87,11 +87,9 @@ async fn run(
     mut rx: mpsc::UnboundedReceiver<Pending>,
     hard_stop: CancellationToken,
 ) {
-    // `record_flushes` batches commit side by side; the next one gathers
-    // while they do, and waits for a free flush before it is sent.
-    let flushes = Arc::new(Semaphore::new(inner.config.record_flushes));
-    let running_flushes = TaskTracker::new();
-    let flush_done = Arc::new(tokio::sync::Notify::new());
+    // Up to `record_flushes` batches commit side by side; the next one
+    // gathers while they do, and waits for one to end before it is sent.
+    let mut flushing = JoinSet::new();
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
         take_queued(&mut rx, &mut batch);
@@ -116,11 +114,10 @@ async fn run(
         // pay for more commits (each a WAL flush) with latency. A batch
         // that grows to SIDE_BY_SIDE_MIN (records come faster than one
         // flush writes them) goes beside the running flushes.
-        let all = inner.config.record_flushes;
         let mut open = true;
-        while open && batch.len() < SIDE_BY_SIDE_MIN && flushes.available_permits() < all {
+        while open && batch.len() < SIDE_BY_SIDE_MIN && !flushing.is_empty() {
             tokio::select! {
-                _ = flush_done.notified() => {}
+                _ = flushing.join_next() => {}
                 got = rx.recv() => match got {
                     Some(p) => {
                         batch.push(p);
@@ -130,22 +127,15 @@ async fn run(
                 },
             }
         }
-        // The semaphore is never closed: acquiring only waits.
-        let Ok(slot) = flushes.clone().acquire_owned().await else {
-            break;
-        };
+        while flushing.len() >= inner.config.record_flushes {
+            flushing.join_next().await;
+        }
         // Whatever queued while every flush was busy joins this batch.
         take_queued(&mut rx, &mut batch);
         let (inner, hard_stop) = (inner.clone(), hard_stop.clone());
-        let done = flush_done.clone();
-        running_flushes.spawn(async move {
-            flush(&inner, batch, &hard_stop).await;
-            drop(slot);
-            done.notify_one();
-        });
+        flushing.spawn(async move { flush(&inner, batch, &hard_stop).await });
     }
-    running_flushes.close();
-    running_flushes.wait().await;
+    while flushing.join_next().await.is_some() {}
 }
 
 /// Attempts running in this process (each holds a global permit).

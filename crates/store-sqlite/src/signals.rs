@@ -25,7 +25,7 @@ pub(crate) async fn raise(
     // cannot interleave with another raise: of N concurrent raises, one
     // raises it (and accepts its notice), the rest find it raised.
     // Subscriptions (and so the generation) change: see `GenerationCache`.
-    let _generation = store.generation.invalidate_on_drop();
+    let ended = store.generation.invalidate_on_drop();
     let mut tx = store.write().await?;
     let now = now_ms();
     let sub = subscriptions::fetch(&mut *tx, &store.keyring, sub_id)
@@ -59,7 +59,7 @@ pub(crate) async fn raise(
             .execute(&mut *tx)
             .await
             .map_err(from_sqlx)?;
-        subscriptions::bump_generation(&mut tx).await?;
+        subscriptions::bump_generation(&mut tx, &ended).await?;
     }
     if let Some(notice) = notice {
         // Exactly as accept_event: a key already taken writes nothing, yet

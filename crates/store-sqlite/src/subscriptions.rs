@@ -13,6 +13,7 @@ use sqlx::{QueryBuilder, Sqlite, SqliteConnection, SqliteExecutor};
 use crate::SqliteStore;
 use crate::codec::{self, encode_patterns, now_ms, seal, subscription_columns, to_ms};
 use crate::error::from_sqlx;
+use crate::process_lock::InvalidateOnDrop;
 
 /// The last error of pending deliveries failed by a delete, and the conflict
 /// a replay of a deleted subscription's delivery reports (the trait's words).
@@ -39,10 +40,14 @@ pub(crate) async fn fetch<'e>(
 }
 
 /// Bumped inside every subscription write transaction, so the change and the
-/// new generation become visible together. The caller takes
-/// `store.generation.invalidate_on_drop()` before the transaction, so the
-/// cached generation is forgotten once it has ended.
-pub(crate) async fn bump_generation(conn: &mut SqliteConnection) -> Result<()> {
+/// new generation become visible together. `_ended` is the caller's
+/// `store.generation.invalidate_on_drop()`, taken before the transaction:
+/// asking for it here means no write can bump the generation without the
+/// cached value being forgotten once its transaction has ended.
+pub(crate) async fn bump_generation(
+    conn: &mut SqliteConnection,
+    _ended: &InvalidateOnDrop,
+) -> Result<()> {
     sqlx::query("UPDATE meta SET value = value + 1 WHERE key = 'subscription_generation'")
         .execute(conn)
         .await
@@ -64,7 +69,7 @@ pub(crate) async fn create(store: &SqliteStore, new: NewSubscription) -> Result<
         None => (None, None),
     };
     // Subscriptions (and so the generation) change: see `GenerationCache`.
-    let _generation = store.generation.invalidate_on_drop();
+    let ended = store.generation.invalidate_on_drop();
     let mut tx = store.write().await?;
     let now = now_ms();
     sqlx::query(
@@ -91,7 +96,7 @@ pub(crate) async fn create(store: &SqliteStore, new: NewSubscription) -> Result<
     .execute(&mut *tx)
     .await
     .map_err(from_sqlx)?;
-    bump_generation(&mut tx).await?;
+    bump_generation(&mut tx, &ended).await?;
     // Read back rather than echo `new`, so the caller sees exactly what a
     // later read will (times at the store's millisecond precision).
     let created = fetch(&mut *tx, &store.keyring, &new.id)
@@ -155,7 +160,7 @@ pub(crate) async fn update(
     patch: SubscriptionPatch,
 ) -> Result<Subscription> {
     // Subscriptions (and so the generation) change: see `GenerationCache`.
-    let _generation = store.generation.invalidate_on_drop();
+    let ended = store.generation.invalidate_on_drop();
     let mut tx = store.write().await?;
     let now = now_ms();
     // Read, patch in Rust, write back whole: under the write lock nothing
@@ -220,7 +225,7 @@ pub(crate) async fn update(
     .execute(&mut *tx)
     .await
     .map_err(from_sqlx)?;
-    bump_generation(&mut tx).await?;
+    bump_generation(&mut tx, &ended).await?;
     if enabling {
         sqlx::query("DELETE FROM subscription_signals WHERE sub_id = ? AND kind = ?")
             .bind(id.as_uuid())
@@ -243,7 +248,7 @@ pub(crate) async fn update(
 
 pub(crate) async fn delete(store: &SqliteStore, id: &SubscriptionId) -> Result<()> {
     // Subscriptions (and so the generation) change: see `GenerationCache`.
-    let _generation = store.generation.invalidate_on_drop();
+    let ended = store.generation.invalidate_on_drop();
     let mut tx = store.write().await?;
     let now = now_ms();
     // A tombstone, not a DELETE: the subscription's deliveries and attempts
@@ -270,7 +275,7 @@ pub(crate) async fn delete(store: &SqliteStore, id: &SubscriptionId) -> Result<(
     .execute(&mut *tx)
     .await
     .map_err(from_sqlx)?;
-    bump_generation(&mut tx).await?;
+    bump_generation(&mut tx, &ended).await?;
     tx.commit().await.map_err(from_sqlx)
 }
 
