@@ -14,6 +14,67 @@ crate::on_both_backends!(
     two_dispatchers_never_deliver_one_delivery_twice,
 );
 
+/// An answered attempt gives its global slot back before its record is in:
+/// a store slow to record does not hold every other destination back. With
+/// one global slot, the attempt to A is answered while the test holds A's
+/// delivery row locked, so A's record waits on the lock; B's delivery must
+/// still go out. Before, the attempt kept the only slot until its record
+/// was in, and B waited for the lock. PostgreSQL only: a row lock is how a
+/// test can hold one record back without holding back every claim (SQLite
+/// has one write lock for all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answered_attempt_frees_its_global_slot_before_its_record() {
+    use sqlx::Connection;
+
+    let Some(app) = spawn_app_with(Backend::Postgres, |c| c.max_in_flight = 1).await else {
+        return;
+    };
+    let a = TestReceiver::start("127.0.0.2").await;
+    let b = TestReceiver::start("127.0.0.3").await;
+    let sub_a = app.subscribe(&a.url(), &["a.*"]).await;
+    app.subscribe(&b.url(), &["b.*"]).await;
+    a.hold();
+    let event_a = app.send_event("a.happened", json!({})).await;
+    eventually("the attempt to A to be under way", || async {
+        let s = app.admission.snapshot("127.0.0.2")?;
+        (s.in_flight == 1).then_some(())
+    })
+    .await;
+    // A's row is claimed and committed; lock it so its record waits.
+    let mut conn = sqlx::PgConnection::connect(&app.database).await.unwrap();
+    let mut lock = conn.begin().await.unwrap();
+    let locked: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT 1 FROM deliveries WHERE sub_id = $1::uuid FOR UPDATE) l",
+    )
+    // The API's `sub_<hex>` is the row's UUID, prefixed.
+    .bind(sub_a["sub_id"].as_str().unwrap().trim_start_matches("sub_"))
+    .fetch_one(&mut *lock)
+    .await
+    .unwrap();
+    assert_eq!(locked, 1);
+    let event_b = app.send_event("b.happened", json!({})).await;
+    a.release();
+    a.wait_for(1).await;
+    // Well inside the store's 10 s statement timeout, which would
+    // otherwise fail A's record and let B through after it.
+    eventually_within(
+        "B's delivery while A's record waits on its row",
+        std::time::Duration::from_secs(8),
+        || async { (!b.received().is_empty()).then_some(()) },
+    )
+    .await;
+    lock.rollback().await.unwrap();
+    conn.close().await.unwrap();
+    for event_id in [event_a, event_b] {
+        eventually("each delivery recorded as delivered", || async {
+            let ev = app.get_json(&format!("/events/{event_id}")).await;
+            (ev["deliveries"][0]["state"] == "delivered").then_some(())
+        })
+        .await;
+    }
+    app.stop().await;
+}
+
 async fn an_event_reaches_its_subscriber_signed_and_enveloped(backend: Backend) {
     let Some(app) = spawn_app(backend).await else {
         return;
