@@ -361,7 +361,10 @@ async fn pick_each(
 async fn pick(conn: &mut SqliteConnection, req: &ClaimRequest, now: i64) -> Result<Vec<Uuid>> {
     // Four fixed statements rather than one with `?sub IS NULL OR …`, so the
     // planner sees the subscription filter when there is one and can use
-    // `deliveries_due_sub` for it.
+    // `deliveries_due_sub` for it. A claim by host alone (the trait allows
+    // it; only tests make one) has no index of its own since migration
+    // 0011 and reads the pending rows: the dispatcher always names the
+    // subscription.
     let sql = match (req.subscription.is_some(), req.order) {
         (false, ClaimOrder::OldestFirst) => {
             claim_sql!("", "d.next_attempt_at, d.delivery_id")
