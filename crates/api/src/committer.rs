@@ -35,7 +35,28 @@ pub(crate) const MAX_PAYLOAD_BYTES: usize = 8 << 20;
 struct Pending {
     event: NewEvent,
     deliveries: Vec<NewDelivery>,
-    reply: oneshot::Sender<Result<Accepted, StoreError>>,
+    gate: Option<Gate>,
+    reply: oneshot::Sender<Result<Committed, StoreError>>,
+}
+
+/// The check an event's deliveries must pass before they are written: they
+/// were matched against the fan-out index built from `built_from`, and
+/// `read` is a read of the subscription generation that began after the
+/// request arrived. Only if the two agree is the match current.
+#[derive(Debug)]
+pub(crate) struct Gate {
+    pub(crate) built_from: i64,
+    pub(crate) read: tokio::task::JoinHandle<Result<i64, StoreError>>,
+}
+
+/// What became of an event handed to the committer.
+#[derive(Debug)]
+pub(crate) enum Committed {
+    /// Committed (or found under its idempotency key).
+    Accepted(Accepted),
+    /// Not written: a subscription changed after the index its deliveries
+    /// were matched against was built. Match again and resubmit.
+    Stale(NewEvent),
 }
 
 /// The handle ingest goes through. One per [`AppState`](crate::AppState).
@@ -63,18 +84,22 @@ struct BatchFailed {
 impl Committer {
     /// Accepts `event` and its deliveries with the next batch: the result
     /// [`Store::accept_event`] would give, once that batch has committed.
+    /// With a `gate`, only if it passes; otherwise nothing is written and
+    /// the event comes back ([`Committed::Stale`]).
     pub(crate) async fn accept(
         &self,
         store: &Arc<dyn Store>,
         event: NewEvent,
         deliveries: Vec<NewDelivery>,
-    ) -> Result<Accepted, StoreError> {
+        gate: Option<Gate>,
+    ) -> Result<Committed, StoreError> {
         let (reply, answer) = oneshot::channel();
         let gone = || StoreError::Backend(Box::new(CommitterGone));
         self.sender(store)
             .send(Pending {
                 event,
                 deliveries,
+                gate,
                 reply,
             })
             .map_err(|_| gone())?;
@@ -121,8 +146,38 @@ async fn run(store: Arc<dyn Store>, mut rx: mpsc::UnboundedReceiver<Pending>) {
             }
             batch.push(p);
         }
-        flush(store.as_ref(), batch.events).await;
+        let events = pass_gates(batch.events).await;
+        if !events.is_empty() {
+            flush(store.as_ref(), events).await;
+        }
     }
+}
+
+/// The events of a batch whose gates pass (or that have none). The others
+/// are answered here, with nothing written: [`Committed::Stale`] when a
+/// subscription changed since their index was built, the error when the
+/// generation could not be read.
+async fn pass_gates(batch: Vec<Pending>) -> Vec<Pending> {
+    let mut passed = Vec::with_capacity(batch.len());
+    for mut p in batch {
+        let Some(gate) = p.gate.take() else {
+            passed.push(p);
+            continue;
+        };
+        match gate.read.await {
+            Ok(Ok(generation)) if generation == gate.built_from => passed.push(p),
+            Ok(Ok(_)) => {
+                let _ = p.reply.send(Ok(Committed::Stale(p.event)));
+            }
+            Ok(Err(e)) => {
+                let _ = p.reply.send(Err(e));
+            }
+            Err(joined) => {
+                let _ = p.reply.send(Err(StoreError::Backend(Box::new(joined))));
+            }
+        }
+    }
+    passed
 }
 
 /// A batch being gathered, with its running totals.
@@ -168,7 +223,7 @@ async fn flush(store: &dyn Store, batch: Vec<Pending>) {
             for (reply, result) in replies.into_iter().zip(results) {
                 // The request may have gone away; its event is accepted all
                 // the same.
-                let _ = reply.send(result);
+                let _ = reply.send(result.map(Committed::Accepted));
             }
         }
         Ok(results) => {
@@ -186,7 +241,7 @@ async fn flush(store: &dyn Store, batch: Vec<Pending>) {
 }
 
 /// Answers every event of a batch with the error that failed it whole.
-fn answer_all(replies: Vec<oneshot::Sender<Result<Accepted, StoreError>>>, e: StoreError) {
+fn answer_all(replies: Vec<oneshot::Sender<Result<Committed, StoreError>>>, e: StoreError) {
     let events = replies.len();
     tracing::warn!(events, error = %crate::error::chain(&e), "accepting a batch of events failed");
     let source = Arc::new(e);

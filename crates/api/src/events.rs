@@ -20,9 +20,11 @@ use serde_json::value::RawValue;
 
 use crate::AppState;
 use crate::auth::Caller;
+use crate::committer::{Committed, Gate};
 use crate::deliveries::DeliveryView;
 use crate::error::ApiError;
 use crate::extract::{IdPath, JsonBody};
+use crate::fanout::BuiltIndex;
 use crate::subscriptions::owner_for;
 
 /// Event types under this prefix are hookd's own system events
@@ -125,29 +127,39 @@ pub(crate) async fn create(
     }
     let customer_id = owner_for(&caller, req.customer_id.as_deref())?;
 
-    let built = state.inner.fanout.current(state.store()).await?;
-    let deliveries: Vec<NewDelivery> = built
-        .index
-        .matches(&event_type, customer_id.as_ref())
-        .into_iter()
-        .map(|t| NewDelivery {
-            id: DeliveryId::new(),
-            sub_id: t.sub_id,
-            destination_host: t.destination_host.to_string(),
-        })
-        .collect();
-    // R4's escape valve: refuse, before writing anything, an event that
-    // would add to a backlog that is stuck over the threshold.
-    let shedding = state
-        .inner
-        .signals
-        .shedding_among(deliveries.iter().map(|d| d.sub_id));
-    if !shedding.is_empty() {
-        metrics::counter!("hookd_events_shed_total").increment(1);
-        return Err(ApiError::Shedding(shedding));
-    }
-    let fanout = deliveries.len();
-    let event = NewEvent {
+    // Match against the index as last built while a generation read that
+    // begins now runs beside the wait for the commit; the committer writes
+    // the event only if the read agrees with the index (`fanout.rs`). A read
+    // that is done at once (SQLite keeps the generation in memory) is
+    // checked here instead: a task and a gate would only cost more.
+    let fanout_cache = &state.inner.fanout;
+    let (built, mut gate) = match fanout_cache.last_built() {
+        Some((built, built_from)) => {
+            let reader = state.clone();
+            let mut read =
+                Box::pin(async move { reader.inner.fanout.read_generation(reader.store()).await });
+            let polled = {
+                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                read.as_mut().poll(&mut cx)
+            };
+            match polled {
+                std::task::Poll::Ready(generation) => {
+                    if generation? == built_from {
+                        (built, None)
+                    } else {
+                        (fanout_cache.current(state.store()).await?, None)
+                    }
+                }
+                std::task::Poll::Pending => {
+                    let read = tokio::spawn(read);
+                    (built, Some(Gate { built_from, read }))
+                }
+            }
+        }
+        None => (fanout_cache.current(state.store()).await?, None),
+    };
+    let mut deliveries = match_deliveries(&state, &built, &event_type, customer_id.as_ref())?;
+    let mut event = NewEvent {
         id: EventId::new(),
         event_type,
         payload: payload.to_owned(),
@@ -156,11 +168,29 @@ pub(crate) async fn create(
     };
     // With whatever other events are being posted: one transaction for all
     // of them, and this answer only after it committed.
-    let accepted = state
-        .inner
-        .committer
-        .accept(&state.inner.store, event, deliveries)
-        .await?;
+    let (accepted, fanout) = loop {
+        let fanout = deliveries.len();
+        match state
+            .inner
+            .committer
+            .accept(&state.inner.store, event, deliveries, gate.take())
+            .await?
+        {
+            Committed::Accepted(accepted) => break (accepted, fanout),
+            // A subscription changed since the index was built: nothing was
+            // written. Match again against an index as of now.
+            Committed::Stale(back) => {
+                event = back;
+                let built = fanout_cache.current(state.store()).await?;
+                deliveries = match_deliveries(
+                    &state,
+                    &built,
+                    &event.event_type,
+                    event.customer_id.as_ref(),
+                )?;
+            }
+        }
+    };
     fail::fail_point!("ingest.after_commit");
     if accepted.duplicate {
         metrics::counter!("hookd_events_duplicate_total").increment(1);
@@ -179,6 +209,36 @@ pub(crate) async fn create(
             event_id: accepted.event_id,
         }),
     ))
+}
+
+/// The deliveries `built` gives an event of `event_type` (and
+/// `customer_id`). Refused, before anything is written, when one would add
+/// to a backlog stuck over the shedding threshold (R4's escape valve).
+fn match_deliveries(
+    state: &AppState,
+    built: &BuiltIndex,
+    event_type: &EventType,
+    customer_id: Option<&CustomerId>,
+) -> Result<Vec<NewDelivery>, ApiError> {
+    let deliveries: Vec<NewDelivery> = built
+        .index
+        .matches(event_type, customer_id)
+        .into_iter()
+        .map(|t| NewDelivery {
+            id: DeliveryId::new(),
+            sub_id: t.sub_id,
+            destination_host: t.destination_host.to_string(),
+        })
+        .collect();
+    let shedding = state
+        .inner
+        .signals
+        .shedding_among(deliveries.iter().map(|d| d.sub_id));
+    if !shedding.is_empty() {
+        metrics::counter!("hookd_events_shed_total").increment(1);
+        return Err(ApiError::Shedding(shedding));
+    }
+    Ok(deliveries)
 }
 
 /// `GET /events/{id}`.

@@ -11,6 +11,14 @@
 //! request takes the value of a read that *began after it arrived*, so a
 //! burst of events costs one read, and no request can see a generation
 //! older than its own arrival.
+//!
+//! Ingest does not wait for that read before matching: it matches against
+//! the index as last built ([`FanoutCache::last_built`]) while the read runs
+//! ([`FanoutCache::read_generation`]), and the group committer checks the
+//! read against the index's generation before the event goes into a batch.
+//! A mismatch writes nothing and sends the request back to rebuild and match
+//! again (`committer.rs`). So the read overlaps the wait for the commit
+//! instead of coming before it, with the same guarantee.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -80,6 +88,27 @@ impl GenerationReads {
 }
 
 impl FanoutCache {
+    /// The index as last built, without asking the store, and the
+    /// generation it was built from; `None` before the first build. Match
+    /// against it only with a [`read_generation`](Self::read_generation)
+    /// that began after the request arrived, and only if the two agree.
+    pub(crate) fn last_built(&self) -> Option<(Arc<BuiltIndex>, i64)> {
+        let cached = self.cached();
+        let generation = cached.generation?;
+        Some((cached, generation))
+    }
+
+    /// The store's subscription generation, by a read that began after this
+    /// call was first polled (shared with the requests around it).
+    pub(crate) async fn read_generation(
+        &self,
+        store: &dyn Store,
+    ) -> Result<i64, hookd_store::StoreError> {
+        self.generations
+            .read(|| store.subscription_generation())
+            .await
+    }
+
     fn cached(&self) -> Arc<BuiltIndex> {
         self.current
             .read()
@@ -89,10 +118,7 @@ impl FanoutCache {
 
     /// The index, rebuilt first if the store's generation has moved.
     pub(crate) async fn current(&self, store: &dyn Store) -> Result<Arc<BuiltIndex>, ApiError> {
-        let generation = self
-            .generations
-            .read(|| store.subscription_generation())
-            .await?;
+        let generation = self.read_generation(store).await?;
         let cached = self.cached();
         if cached.generation == Some(generation) {
             return Ok(cached);

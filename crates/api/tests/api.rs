@@ -67,6 +67,17 @@ async fn spawn_app_over(
             .await
             .unwrap();
     }
+    serve_over(store, dir).await
+}
+
+/// The API over `store` with the tokens in place: another node on a
+/// database a first app has set up (migrating again is a no-op, as at every
+/// node's start).
+async fn serve_over(
+    store: Arc<dyn hookd_store::Store>,
+    dir: Box<dyn std::any::Any + Send + Sync>,
+) -> TestApp {
+    store.migrate().await.unwrap();
     let config = ApiConfig {
         admin_token_hash: Some(hash_token(ADMIN)),
         max_payload_bytes: MAX_PAYLOAD,
@@ -814,6 +825,47 @@ async fn changing_a_subscriptions_event_types_changes_fan_out_at_once() {
         .await;
     assert!(app.fanned_out_to(&evt).await.is_empty());
     app.stop().await;
+}
+
+/// A node matches an event against its cached fan-out index only if the
+/// subscription generation, read after the event arrived, is the one the
+/// index was built from. Here a subscription created through node A must
+/// catch the next event posted through node B, whose index predates it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_created_through_one_node_catches_the_next_event_on_another() {
+    let Some(db) = hookd_store_postgres::testing::fresh_schema().await else {
+        return;
+    };
+    let url = db.url.clone();
+    // Both nodes open the secrets with one key, as a deployment's nodes do.
+    let key = hookd_store::crypto::EncryptionKey::generate();
+    let connect = || async {
+        let options = hookd_store_postgres::PgOptions {
+            keyring: hookd_store::crypto::Keyring::new(key.clone()),
+            ..hookd_store_postgres::PgOptions::default()
+        };
+        let store: Arc<dyn hookd_store::Store> = Arc::new(
+            hookd_store_postgres::PgStore::connect(&url, options)
+                .await
+                .unwrap(),
+        );
+        store
+    };
+    let a = spawn_app_over(connect().await, Box::new(db)).await;
+    let b = serve_over(connect().await, Box::new(())).await;
+    // B builds its index: no subscription yet.
+    let before = b
+        .publish(ADMIN, json!({"type": "user.created", "payload": {}}))
+        .await;
+    assert!(b.fanned_out_to(&before).await.is_empty());
+
+    let sub = a.subscribe(ADMIN, &["user.*"]).await;
+    let after = b
+        .publish(ADMIN, json!({"type": "user.created", "payload": {}}))
+        .await;
+    assert_eq!(b.fanned_out_to(&after).await, set(&[&sub]));
+    b.stop().await;
+    a.stop().await;
 }
 
 #[tokio::test]
