@@ -45,7 +45,7 @@ pub(crate) struct Inner {
     pub(crate) global: Arc<Semaphore>,
     /// Bounds answered attempts waiting on their record, so a slow store
     /// holds the claim loop back instead of piling up records.
-    recording: Arc<Semaphore>,
+    recording: Semaphore,
     /// Nudged by ingest after a commit, so new work starts without waiting
     /// for the poll interval.
     wake: Arc<Notify>,
@@ -116,9 +116,7 @@ impl Dispatcher {
                     clock.clone(),
                 ),
                 global: Arc::new(Semaphore::new(config.max_in_flight)),
-                recording: Arc::new(Semaphore::new(
-                    config.max_in_flight.saturating_mul(RECORDS_PER_SLOT),
-                )),
+                recording: Semaphore::new(config.max_in_flight.saturating_mul(RECORDS_PER_SLOT)),
                 config,
                 clock,
                 wake,
@@ -442,7 +440,7 @@ async fn run_attempt(inner: &Inner, job: Job, recorder: &Recorder) {
     } = claimed;
     // The semaphore is never closed, so this cannot fail; if it could, the
     // attempt would only keep its global slot until its record is in.
-    let recording = inner.recording.clone().acquire_owned().await.ok();
+    let recording = inner.recording.acquire().await.ok();
     drop(global);
     inner.slot_freed.notify_one();
     crash_points_before_record(&decision.record.next);
