@@ -69,7 +69,12 @@ macro_rules! claimable {
 /// One statement: pick (skipping rows another claimer holds), mark inflight
 /// with a fresh token, and read back all the worker needs. The ordering
 /// check reads the statement's snapshot, so within one batch the rows behind
-/// an ordered head see it `pending`.
+/// an ordered head see it `pending`. The claimed rows' events are looked up
+/// one by one (`LATERAL … OFFSET 0`, which the planner cannot flatten into a
+/// join): it cannot tell how few rows the `claimed` CTE yields, and at a
+/// 1,000,000-row backlog it guessed a million and hashed the whole events
+/// table (~170 ms) to read back 200 claimed rows. [`claim_batch_sql!`] does
+/// the same.
 macro_rules! claim_sql {
     ($filter:literal, $order:literal) => {
         concat!(
@@ -92,7 +97,8 @@ macro_rules! claim_sql {
             event_cols!(),
             ", ",
             subscription_cols!(),
-            " FROM claimed d JOIN events e ON e.event_id = d.event_id \
+            " FROM claimed d CROSS JOIN LATERAL ( \
+                 SELECT * FROM events e WHERE e.event_id = d.event_id OFFSET 0) e \
              JOIN subscriptions s ON s.sub_id = d.sub_id \
              ORDER BY ",
             $order
@@ -134,7 +140,8 @@ macro_rules! claim_batch_sql {
             event_cols!(),
             ", ",
             subscription_cols!(),
-            " FROM claimed d JOIN events e ON e.event_id = d.event_id \
+            " FROM claimed d CROSS JOIN LATERAL ( \
+                 SELECT * FROM events e WHERE e.event_id = d.event_id OFFSET 0) e \
              JOIN subscriptions s ON s.sub_id = d.sub_id \
              ORDER BY d.r_idx, ",
             $order
