@@ -24,12 +24,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::claim::{Inner, error_chain};
 
-/// Most records in one transaction. With one flush at a time (SQLite), as
-/// every attempt holds its global slot until its record is back,
-/// this caps delivered/s at `BATCH` per flush: at 64, with a flush taking
-/// ~34 ms behind the SQLite writer in the `fanout` benchmark, that was
-/// ~1,900/s — the whole pipeline's rate. One global slot's worth (the
-/// default `--max-in-flight`) lets a flush take everything that finished.
+/// Most records in one transaction. With one flush at a time (SQLite) this
+/// caps delivered/s at `BATCH` per flush: at 64, with a flush taking ~34 ms
+/// behind the SQLite writer in the `fanout` benchmark, that was ~1,900/s —
+/// the whole pipeline's rate. 1,024 lets a flush take all that finished
+/// meanwhile at any rate the writer sustains (the attempts waiting on
+/// records are bounded by the dispatcher's record slots, 4 per global slot).
 pub(crate) const BATCH: usize = 1024;
 
 /// The smallest batch that commits beside other flushes (when

@@ -60,6 +60,20 @@ macro_rules! claimable {
     };
 }
 
+/// Where [`claim_sql!`] and [`claim_batch_sql!`] read the claimed rows back
+/// from: the `claimed` CTE (as `d`), each row's event (`e`) and subscription
+/// (`s`). The events are looked up one by one (`LATERAL … OFFSET 0`, which
+/// the planner cannot flatten into a join): it cannot tell how few rows the
+/// CTE yields, and at a 1,000,000-row backlog it guessed a million and hashed
+/// the whole events table (~170 ms) to read back 200 claimed rows.
+macro_rules! claimed_read_back {
+    () => {
+        " FROM claimed d CROSS JOIN LATERAL ( \
+             SELECT * FROM events e WHERE e.event_id = d.event_id OFFSET 0) e \
+         JOIN subscriptions s ON s.sub_id = d.sub_id"
+    };
+}
+
 /// The claim statement for one filter and one order (`$order` names
 /// columns of `d`, which is `deliveries` in the pick and the claimed rows
 /// when they are read back, so one order serves both). Parameters: $1 host, $2 limit, $3 lease in
@@ -69,12 +83,7 @@ macro_rules! claimable {
 /// One statement: pick (skipping rows another claimer holds), mark inflight
 /// with a fresh token, and read back all the worker needs. The ordering
 /// check reads the statement's snapshot, so within one batch the rows behind
-/// an ordered head see it `pending`. The claimed rows' events are looked up
-/// one by one (`LATERAL … OFFSET 0`, which the planner cannot flatten into a
-/// join): it cannot tell how few rows the `claimed` CTE yields, and at a
-/// 1,000,000-row backlog it guessed a million and hashed the whole events
-/// table (~170 ms) to read back 200 claimed rows. [`claim_batch_sql!`] does
-/// the same.
+/// an ordered head see it `pending`.
 macro_rules! claim_sql {
     ($filter:literal, $order:literal) => {
         concat!(
@@ -97,10 +106,8 @@ macro_rules! claim_sql {
             event_cols!(),
             ", ",
             subscription_cols!(),
-            " FROM claimed d CROSS JOIN LATERAL ( \
-                 SELECT * FROM events e WHERE e.event_id = d.event_id OFFSET 0) e \
-             JOIN subscriptions s ON s.sub_id = d.sub_id \
-             ORDER BY ",
+            claimed_read_back!(),
+            " ORDER BY ",
             $order
         )
     };
@@ -140,10 +147,8 @@ macro_rules! claim_batch_sql {
             event_cols!(),
             ", ",
             subscription_cols!(),
-            " FROM claimed d CROSS JOIN LATERAL ( \
-                 SELECT * FROM events e WHERE e.event_id = d.event_id OFFSET 0) e \
-             JOIN subscriptions s ON s.sub_id = d.sub_id \
-             ORDER BY d.r_idx, ",
+            claimed_read_back!(),
+            " ORDER BY d.r_idx, ",
             $order
         )
     };
