@@ -2,6 +2,7 @@
 //! columns (`d_*` deliveries, `e_*` events, `s_*` subscriptions), so one
 //! decoder per record serves plain reads and the claim's join alike.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -199,9 +200,26 @@ pub(crate) fn lease_token(row: &PgRow) -> Result<i64> {
 }
 
 /// A claimed row of the claim statements: the delivery with its lease,
-/// event and subscription.
-pub(crate) fn claimed(row: &PgRow, keyring: &Keyring) -> Result<ClaimedDelivery> {
+/// event and subscription. `decoded` holds the subscriptions already
+/// decoded from earlier rows of the same statement: one statement reads one
+/// snapshot, so a subscription's columns are the same on each of its rows,
+/// and a claim of hundreds of rows opens each secret and parses each URL
+/// and policy once, not once per row.
+pub(crate) fn claimed(
+    row: &PgRow,
+    keyring: &Keyring,
+    decoded: &mut HashMap<Uuid, Subscription>,
+) -> Result<ClaimedDelivery> {
     let delivery = delivery(row)?;
+    let sub_id: Uuid = get(row, "s_sub_id")?;
+    let subscription = match decoded.get(&sub_id) {
+        Some(s) => s.clone(),
+        None => {
+            let s = subscription(row, keyring)?;
+            decoded.insert(sub_id, s.clone());
+            s
+        }
+    };
     Ok(ClaimedDelivery {
         lease: Lease {
             delivery_id: delivery.id,
@@ -209,7 +227,7 @@ pub(crate) fn claimed(row: &PgRow, keyring: &Keyring) -> Result<ClaimedDelivery>
         },
         delivery,
         event: event(row)?,
-        subscription: subscription(row, keyring)?,
+        subscription,
     })
 }
 

@@ -336,13 +336,15 @@ impl PgStore {
                 .map_err(map)?;
             let mut out: Vec<(usize, Vec<ClaimedDelivery>)> =
                 members.iter().map(|&i| (i, Vec::new())).collect();
+            let mut decoded = HashMap::new();
             for row in &rows {
                 let idx: i64 = row.try_get("r_idx").map_err(map)?;
                 let slot = usize::try_from(idx - 1)
                     .ok()
                     .and_then(|k| out.get_mut(k))
                     .ok_or_else(|| StoreError::Corrupt(format!("claim row for request {idx}")))?;
-                slot.1.push(rows::claimed(row, &self.keyring)?);
+                slot.1
+                    .push(rows::claimed(row, &self.keyring, &mut decoded)?);
             }
             Ok(out)
         })
@@ -1307,8 +1309,9 @@ impl Store for PgStore {
                 claim = claim.bind(sub.as_uuid());
             }
             let rows = claim.fetch_all(&self.pool).await.map_err(map)?;
+            let mut decoded = HashMap::new();
             rows.iter()
-                .map(|row| rows::claimed(row, &self.keyring))
+                .map(|row| rows::claimed(row, &self.keyring, &mut decoded))
                 .collect()
         })
         .await

@@ -9,7 +9,7 @@ use hookd_domain::{DeliveryId, SubscriptionId};
 use hookd_store::{
     AttemptRecord, ClaimOrder, ClaimRequest, ClaimedDelivery, Delivery, DueDestination,
     DueSubscription, Lease, MAX_SNIPPET_BYTES, NextState, RecordOutcome, Result, StoreError,
-    StreakChange,
+    StreakChange, Subscription,
 };
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 use uuid::Uuid;
@@ -253,8 +253,21 @@ pub(crate) async fn claim_many(
     tx.commit().await.map_err(from_sqlx)?;
     let mut loaded: std::collections::HashMap<Uuid, ClaimedDelivery> =
         std::collections::HashMap::with_capacity(all.len());
+    // Each subscription decoded once (its secret opened, its URL and policy
+    // parsed), not once per row: the rows were read in one transaction, so
+    // a subscription's columns are the same on each of its rows.
+    let mut decoded: std::collections::HashMap<Uuid, Subscription> =
+        std::collections::HashMap::new();
     for row in rows {
         let (delivery, token) = codec::delivery(&row)?;
+        let subscription = match decoded.get(delivery.sub_id.as_uuid()) {
+            Some(s) => s.clone(),
+            None => {
+                let s = codec::subscription(&row, &store.keyring)?;
+                decoded.insert(*delivery.sub_id.as_uuid(), s.clone());
+                s
+            }
+        };
         loaded.insert(
             *delivery.id.as_uuid(),
             ClaimedDelivery {
@@ -263,7 +276,7 @@ pub(crate) async fn claim_many(
                     token,
                 },
                 event: codec::event(&row)?,
-                subscription: codec::subscription(&row, &store.keyring)?,
+                subscription,
                 delivery,
             },
         );
