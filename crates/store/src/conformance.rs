@@ -1471,6 +1471,11 @@ pub async fn claim_many_claims_for_every_request_in_order_and_nothing_twice(stor
         assert_eq!(c.lease.delivery_id, c.delivery.id);
         assert_eq!(c.event.id, c.delivery.event_id);
         assert_eq!(c.subscription.id, c.delivery.sub_id);
+        // Each row its own subscription whole, however many rows of each
+        // the claim decoded.
+        let own = if c.delivery.sub_id == a.id { &a } else { &b };
+        assert_eq!(c.subscription.keys, own.keys);
+        assert_eq!(c.subscription.url, own.url);
     }
     // What was claimed is leased: nothing of a is left, three of b are.
     assert!(
