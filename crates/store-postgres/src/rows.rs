@@ -3,6 +3,7 @@
 //! decoder per record serves plain reads and the claim's join alike.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -212,13 +213,9 @@ pub(crate) fn claimed(
 ) -> Result<ClaimedDelivery> {
     let delivery = delivery(row)?;
     let sub_id: Uuid = get(row, "s_sub_id")?;
-    let subscription = match decoded.get(&sub_id) {
-        Some(s) => s.clone(),
-        None => {
-            let s = subscription(row, keyring)?;
-            decoded.insert(sub_id, s.clone());
-            s
-        }
+    let subscription = match decoded.entry(sub_id) {
+        Entry::Occupied(known) => known.get().clone(),
+        Entry::Vacant(new) => new.insert(subscription(row, keyring)?).clone(),
     };
     Ok(ClaimedDelivery {
         lease: Lease {

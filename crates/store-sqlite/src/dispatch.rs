@@ -3,6 +3,7 @@
 //! lease_token = ?`: the token is bumped by every claim, so a worker whose
 //! lease was lost (expired and re-claimed, or released) matches nothing.
 
+use std::collections::hash_map::Entry;
 use std::time::Duration;
 
 use hookd_domain::{DeliveryId, SubscriptionId};
@@ -260,13 +261,11 @@ pub(crate) async fn claim_many(
         std::collections::HashMap::new();
     for row in rows {
         let (delivery, token) = codec::delivery(&row)?;
-        let subscription = match decoded.get(delivery.sub_id.as_uuid()) {
-            Some(s) => s.clone(),
-            None => {
-                let s = codec::subscription(&row, &store.keyring)?;
-                decoded.insert(*delivery.sub_id.as_uuid(), s.clone());
-                s
-            }
+        let subscription = match decoded.entry(*delivery.sub_id.as_uuid()) {
+            Entry::Occupied(known) => known.get().clone(),
+            Entry::Vacant(new) => new
+                .insert(codec::subscription(&row, &store.keyring)?)
+                .clone(),
         };
         loaded.insert(
             *delivery.id.as_uuid(),
