@@ -151,8 +151,9 @@ impl SqliteStore {
     /// a node never migrates by surprise.
     ///
     /// [`StoreError::Unavailable`] with a [`DatabaseInUse`] source if another
-    /// process has the file open through a store (see the crate docs);
-    /// another store in this process is fine.
+    /// process still has the file open through a store after a wait of up
+    /// to two seconds for it to let go (see the crate docs); another store
+    /// in this process is fine.
     ///
     /// Secrets are sealed with the key in the [key file](key_file) beside
     /// the database, created if missing; see
@@ -208,7 +209,8 @@ impl SqliteStore {
     async fn connect_with(options: SqliteConnectOptions, keyring: Option<Keyring>) -> Result<Self> {
         // Before any connection: a refused second process must not so much
         // as create the WAL or touch the file.
-        let lock = process_lock::acquire(options.get_filename())?;
+        let lock =
+            process_lock::acquire_patiently(options.get_filename(), process_lock::PATIENCE).await?;
         let keyring = match keyring {
             Some(keyring) => keyring,
             None => {

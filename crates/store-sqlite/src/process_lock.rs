@@ -20,12 +20,21 @@
 //! stale lock behind. For the same reason the lock file is never deleted:
 //! removing it could let one process lock the old file while another creates
 //! and locks a new one.
+//!
+//! A hold can outlive its holder by a moment: the last store of this process
+//! dropped on another thread at the instant a new one opens, a child process
+//! spawned just then keeping a copy of the descriptor until it execs, or a
+//! supervisor starting hookd while the old process is still exiting. So
+//! opening waits up to [`PATIENCE`] for a held lock before refusing
+//! ([`acquire_patiently`]); a process that really has the file is still
+//! refused, a little later.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use fs4::{FileExt, TryLockError};
 use hookd_store::{Result, StoreError};
@@ -141,6 +150,31 @@ fn lock_file_of(database: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// How long opening a database file waits for another holder to let go of
+/// it before refusing (see the module docs).
+pub(crate) const PATIENCE: Duration = Duration::from_secs(2);
+
+/// How often a waiting open tries the lock again.
+const RETRY_EVERY: Duration = Duration::from_millis(20);
+
+/// [`acquire`], waiting up to `patience` while another holder has the file.
+pub(crate) async fn acquire_patiently(
+    database: &Path,
+    patience: Duration,
+) -> Result<Arc<ProcessLock>> {
+    let deadline = Instant::now() + patience;
+    loop {
+        match acquire(database) {
+            Err(StoreError::Unavailable(source))
+                if source.is::<DatabaseInUse>() && Instant::now() < deadline =>
+            {
+                tokio::time::sleep(RETRY_EVERY).await;
+            }
+            done => return done,
+        }
+    }
+}
+
 /// Takes (or joins this process's existing) exclusive lock on `database`.
 ///
 /// [`StoreError::Unavailable`] with a [`DatabaseInUse`] source if another
@@ -252,6 +286,40 @@ mod tests {
         // And the registry takes it again.
         let again = acquire(&db).unwrap();
         drop(again);
+    }
+
+    #[tokio::test]
+    async fn opening_waits_for_a_holder_that_lets_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("hookd.db");
+        // A handle outside the registry, as a child process's inherited
+        // copy or an exiting process would be, let go of a moment later.
+        let other = File::create(lock_file_of(&db)).unwrap();
+        FileExt::try_lock(&other).unwrap();
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            drop(other);
+        });
+        let lock = acquire_patiently(&db, Duration::from_secs(30))
+            .await
+            .expect("taken once the holder let go");
+        release.join().unwrap();
+        drop(lock);
+    }
+
+    #[tokio::test]
+    async fn a_holder_that_keeps_the_file_is_refused_after_the_wait() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("hookd.db");
+        let other = File::create(lock_file_of(&db)).unwrap();
+        FileExt::try_lock(&other).unwrap();
+        let err = acquire_patiently(&db, Duration::from_millis(100))
+            .await
+            .unwrap_err();
+        let StoreError::Unavailable(source) = &err else {
+            panic!("{err:?}")
+        };
+        assert!(source.is::<DatabaseInUse>(), "{source:?}");
     }
 
     #[test]
