@@ -256,6 +256,15 @@ mod tests {
         assert_eq!(cache.get(), Some(8));
     }
 
+    /// The lock on `db` taken by a handle outside the registry, standing in
+    /// for another process: flock refuses a second open file even within
+    /// one process. Held until the handle is dropped.
+    fn held_elsewhere(db: &Path) -> File {
+        let other = File::create(lock_file_of(db)).unwrap();
+        FileExt::try_lock(&other).unwrap();
+        other
+    }
+
     #[test]
     fn the_lock_file_sits_beside_the_database() {
         assert_eq!(
@@ -292,10 +301,9 @@ mod tests {
     async fn opening_waits_for_a_holder_that_lets_go() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("hookd.db");
-        // A handle outside the registry, as a child process's inherited
-        // copy or an exiting process would be, let go of a moment later.
-        let other = File::create(lock_file_of(&db)).unwrap();
-        FileExt::try_lock(&other).unwrap();
+        // As a child process's inherited copy or an exiting process would
+        // hold it, let go of a moment later.
+        let other = held_elsewhere(&db);
         let release = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(200));
             drop(other);
@@ -311,11 +319,11 @@ mod tests {
     async fn a_holder_that_keeps_the_file_is_refused_after_the_wait() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("hookd.db");
-        let other = File::create(lock_file_of(&db)).unwrap();
-        FileExt::try_lock(&other).unwrap();
+        let other = held_elsewhere(&db);
         let err = acquire_patiently(&db, Duration::from_millis(100))
             .await
             .unwrap_err();
+        drop(other);
         let StoreError::Unavailable(source) = &err else {
             panic!("{err:?}")
         };
@@ -326,11 +334,9 @@ mod tests {
     fn another_holder_of_the_lock_file_is_refused_with_both_paths() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("other.db");
-        // A handle outside the registry stands in for another process: flock
-        // refuses a second open file even within one process.
-        let other = File::create(lock_file_of(&db)).unwrap();
-        FileExt::try_lock(&other).unwrap();
+        let other = held_elsewhere(&db);
         let err = acquire(&db).unwrap_err();
+        drop(other);
         let StoreError::Unavailable(source) = &err else {
             panic!("{err:?}")
         };
