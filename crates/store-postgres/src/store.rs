@@ -328,8 +328,8 @@ impl PgStore {
             // A generic plan, made once per connection. Left to choose,
             // PostgreSQL planned this statement afresh on every call (1,050
             // plans in 1,018 calls of `steady`, 1.35 ms each: 8 % of the
-            // server's CPU), as its estimate of the generic plan was never
-            // below a custom one's. Only here, and only for this
+            // server's statement time), as its estimate of the generic plan
+            // was never below a custom one's. Only here, and only for this
             // transaction: statements with optional filters
             // (`$1 IS NULL OR …`) need their custom plans.
             let mut tx = self
