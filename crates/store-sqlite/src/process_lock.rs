@@ -302,16 +302,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("hookd.db");
         // As a child process's inherited copy or an exiting process would
-        // hold it, let go of a moment later.
+        // hold it, let go of while the open waits.
         let other = held_elsewhere(&db);
-        let release = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(200));
-            drop(other);
-        });
-        let lock = acquire_patiently(&db, Duration::from_secs(30))
-            .await
-            .expect("taken once the holder let go");
-        release.join().unwrap();
+        let path = db.clone();
+        let open =
+            tokio::spawn(async move { acquire_patiently(&path, Duration::from_secs(30)).await });
+        // On this test's one-thread runtime the open runs its first try
+        // now, is refused, and waits for its retry.
+        tokio::task::yield_now().await;
+        assert!(!open.is_finished(), "refused at first, and waiting");
+        drop(other);
+        let lock = open.await.unwrap().expect("taken once the holder let go");
         drop(lock);
     }
 
