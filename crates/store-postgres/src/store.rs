@@ -377,15 +377,25 @@ impl PgStore {
         }
         let results = self
             .bounded(with_partitions(self, || async move {
-                let mut tx = begin(self).await?;
-                match insert_events(&mut tx, batch, self.writes()).await {
-                    Ok(results) => {
-                        commit(tx).await?;
-                        return Ok(results);
+                let writes = self.writes();
+                let fast = if batch
+                    .iter()
+                    .all(|(_, ds)| matches!(writes, Writes::Here(_)) && !writes.is_lazy(ds.len()))
+                {
+                    accept_in_one_call(self, batch).await
+                } else {
+                    let mut tx = begin(self).await?;
+                    let results = insert_events(&mut tx, batch, writes).await;
+                    match results {
+                        Ok(results) => commit(tx).await.map(|()| results),
+                        Err(e) => Err(e),
                     }
+                };
+                match fast {
+                    Ok(results) => return Ok(results),
                     // One event is at fault, and PostgreSQL does not say which:
                     // start over, one event at a time (rare: a bug, not load).
-                    Err(e) if is_event_error(&e) => drop(tx),
+                    Err(e) if is_event_error(&e) => {}
                     Err(e) => return Err(e),
                 }
                 let mut tx = begin(self).await?;
@@ -502,37 +512,227 @@ pub(crate) async fn insert_deliveries<D: std::borrow::Borrow<NewDelivery> + Sync
     Ok(())
 }
 
+/// For each event of `batch`, the index of the first event of the batch with
+/// its idempotency key (itself when it is the first, or has no key). An
+/// event whose key an earlier event of the batch holds is that event's
+/// duplicate, whatever becomes of the earlier one: it never reaches the
+/// INSERT.
+fn first_with_key(batch: &[(NewEvent, Vec<NewDelivery>)]) -> Vec<usize> {
+    let mut first: HashMap<&str, usize> = HashMap::new();
+    batch
+        .iter()
+        .enumerate()
+        .map(|(i, (e, _))| match e.idempotency_key.as_deref() {
+            Some(key) => *first.entry(key).or_insert(i),
+            None => i,
+        })
+        .collect()
+}
+
+/// The events of `batch` that go to the INSERT: the first with each key.
+fn candidates<'a>(
+    batch: &'a [(NewEvent, Vec<NewDelivery>)],
+    first: &[usize],
+) -> impl Iterator<Item = &'a (NewEvent, Vec<NewDelivery>)> {
+    batch
+        .iter()
+        .zip(first)
+        .enumerate()
+        .filter(|(i, (_, f))| i == *f)
+        .map(|(_, (item, _))| item)
+}
+
+/// The events' columns, as arrays for `unnest`: id, type, payload,
+/// idempotency key, customer.
+type EventColumns<'a> = (
+    Vec<Uuid>,
+    Vec<&'a str>,
+    Vec<&'a str>,
+    Vec<Option<&'a str>>,
+    Vec<Option<&'a str>>,
+);
+
+fn event_columns<'a>(events: &[&'a NewEvent]) -> EventColumns<'a> {
+    (
+        uuids(events.iter().copied(), |e| *e.id.as_uuid()),
+        events.iter().map(|e| e.event_type.as_str()).collect(),
+        events.iter().map(|e| e.payload.as_str()).collect(),
+        events
+            .iter()
+            .map(|e| e.idempotency_key.as_deref())
+            .collect(),
+        events
+            .iter()
+            .map(|e| e.customer_id.as_ref().map(CustomerId::as_str))
+            .collect(),
+    )
+}
+
+/// Delivery rows' columns, as arrays for `unnest`: id, event, subscription,
+/// event type, destination host.
+type DeliveryColumns<'a> = (Vec<Uuid>, Vec<Uuid>, Vec<Uuid>, Vec<&'a str>, Vec<&'a str>);
+
+fn delivery_columns<'a>(rows: &[(&'a NewEvent, &'a NewDelivery)]) -> DeliveryColumns<'a> {
+    (
+        rows.iter().map(|(_, d)| *d.id.as_uuid()).collect(),
+        rows.iter().map(|(e, _)| *e.id.as_uuid()).collect(),
+        rows.iter().map(|(_, d)| *d.sub_id.as_uuid()).collect(),
+        rows.iter().map(|(e, _)| e.event_type.as_str()).collect(),
+        rows.iter()
+            .map(|(_, d)| d.destination_host.as_str())
+            .collect(),
+    )
+}
+
+/// What became of a batch once its events' INSERT has run: each event's
+/// result, and where the deliveries of the inserted ones go.
+#[derive(Default)]
+struct Sorted<'a> {
+    results: Vec<Result<Accepted>>,
+    /// Delivery rows to write here.
+    rows: Vec<(&'a NewEvent, &'a NewDelivery)>,
+    /// Events over the lazy fan-out threshold: a fan-out job each.
+    lazy: Vec<(&'a NewEvent, &'a [NewDelivery])>,
+    /// In sharded mode (the control database) every event's deliveries go
+    /// to the outbox, for the shards to write.
+    outboxed: Vec<(&'a NewEvent, &'a [NewDelivery])>,
+}
+
+/// Sorts out `batch` given the ids the INSERT returned (`inserted`) and the
+/// holders of the keys that were taken already.
+fn sort_out<'a>(
+    batch: &'a [(NewEvent, Vec<NewDelivery>)],
+    first: &[usize],
+    inserted: &std::collections::HashSet<Uuid>,
+    holders: &HashMap<String, Uuid>,
+    writes: Writes,
+) -> Sorted<'a> {
+    let mut out = Sorted {
+        results: Vec::with_capacity(batch.len()),
+        ..Sorted::default()
+    };
+    for (i, ((event, deliveries), &f)) in batch.iter().zip(first).enumerate() {
+        let head = &batch[f].0;
+        let fresh = Ok(Accepted {
+            event_id: event.id,
+            duplicate: false,
+        });
+        let result = if !inserted.contains(head.id.as_uuid()) {
+            match head.idempotency_key.as_deref().and_then(|k| holders.get(k)) {
+                Some(&id) => Ok(Accepted {
+                    event_id: EventId::from_uuid(id),
+                    duplicate: true,
+                }),
+                // Only possible if the holder of the key was deleted
+                // between the two statements.
+                None => Err(StoreError::Conflict(
+                    "idempotency key is being reused".into(),
+                )),
+            }
+        } else if i != f {
+            Ok(Accepted {
+                event_id: head.id,
+                duplicate: true,
+            })
+        } else if matches!(writes, Writes::Outbox) {
+            out.outboxed.push((event, deliveries));
+            fresh
+        } else if writes.is_lazy(deliveries.len()) {
+            out.lazy.push((event, deliveries));
+            fresh
+        } else {
+            out.rows.extend(deliveries.iter().map(|d| (event, d)));
+            fresh
+        };
+        out.results.push(result);
+    }
+    out
+}
+
+/// The events among `candidates` whose keys were taken already (by an
+/// earlier ingest, or a concurrent one that committed first), with their
+/// holders: one lookup for all of them.
+async fn holders_of<'e>(
+    exec: impl sqlx::PgExecutor<'e>,
+    candidates: &[&NewEvent],
+    inserted: &std::collections::HashSet<Uuid>,
+) -> Result<HashMap<String, Uuid>> {
+    let taken_keys: Vec<&str> = candidates
+        .iter()
+        .filter(|e| !inserted.contains(e.id.as_uuid()))
+        .filter_map(|e| e.idempotency_key.as_deref())
+        .collect();
+    if taken_keys.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let rows: Vec<(String, Uuid)> = sqlx::query_as(
+        "SELECT idempotency_key, event_id FROM events WHERE idempotency_key = ANY($1)",
+    )
+    .bind(&taken_keys)
+    .fetch_all(exec)
+    .await
+    .map_err(map)?;
+    Ok(rows.into_iter().collect())
+}
+
+/// Accepts a batch whose every event is written here as rows (no fan-out
+/// job, no outbox) in ONE self-committing call of `hookd_accept_batch`
+/// (migration 0013): the events' INSERT, then the deliveries of those it
+/// inserted. One round trip where a transaction takes four (BEGIN, two
+/// INSERTs, COMMIT); on a busy machine each one waits for hookd's turn on
+/// a core as much as for the server. Keys taken already are looked up after
+/// the commit, only when there are some.
+async fn accept_in_one_call(
+    store: &PgStore,
+    batch: &[(NewEvent, Vec<NewDelivery>)],
+) -> Result<Vec<Result<Accepted>>> {
+    let first = first_with_key(batch);
+    let heads: Vec<&(NewEvent, Vec<NewDelivery>)> = candidates(batch, &first).collect();
+    let events: Vec<&NewEvent> = heads.iter().map(|(e, _)| e).collect();
+    let rows: Vec<(&NewEvent, &NewDelivery)> = heads
+        .iter()
+        .flat_map(|(e, ds)| ds.iter().map(move |d| (e, d)))
+        .collect();
+    let (ev_id, ev_type, ev_payload, ev_key, ev_customer) = event_columns(&events);
+    let (d_id, d_event, d_sub, d_type, d_host) = delivery_columns(&rows);
+    let inserted: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT id FROM hookd_accept_batch($1::uuid[], $2::text[], $3::text[], $4::text[], \
+         $5::text[], $6::uuid[], $7::uuid[], $8::uuid[], $9::text[], $10::text[]) AS id",
+    )
+    .bind(ev_id)
+    .bind(ev_type)
+    .bind(ev_payload)
+    .bind(ev_key)
+    .bind(ev_customer)
+    .bind(d_id)
+    .bind(d_event)
+    .bind(d_sub)
+    .bind(d_type)
+    .bind(d_host)
+    .fetch_all(&store.pool)
+    .await
+    .map_err(map)?;
+    let inserted: std::collections::HashSet<Uuid> = inserted.into_iter().collect();
+    let holders = holders_of(&store.pool, &events, &inserted).await?;
+    Ok(sort_out(batch, &first, &inserted, &holders, store.writes()).results)
+}
+
 /// Accepts a batch in `tx`, all or nothing: the fast path of
-/// [`Store::accept_events`]. Two statements whatever the batch's size: one
-/// INSERT of every event (the idempotency check is its `ON CONFLICT`) and
-/// one of every delivery, both from arrays (`unnest`), so no bound-parameter
-/// limit applies; plus one lookup, only when some key was taken already.
-/// An error leaves the transaction aborted: the caller must drop it.
+/// [`Store::accept_events`] when some event is not written as rows here
+/// (a fan-out job, or the shard outbox). Two statements whatever the
+/// batch's size: one INSERT of every event (the idempotency check is its
+/// `ON CONFLICT`) and one of every delivery, both from arrays (`unnest`),
+/// so no bound-parameter limit applies; plus one lookup, only when some key
+/// was taken already. An error leaves the transaction aborted: the caller
+/// must drop it.
 async fn insert_events(
     tx: &mut Transaction<'_, Postgres>,
     batch: &[(NewEvent, Vec<NewDelivery>)],
     writes: Writes,
 ) -> Result<Vec<Result<Accepted>>> {
-    // An event whose key an earlier event of the batch holds is that
-    // event's duplicate, whatever becomes of the earlier one here: it
-    // never reaches the INSERT. `first[i]`: the index of the first event
-    // of the batch with event i's key.
-    let mut first_with_key: HashMap<&str, usize> = HashMap::new();
-    let first: Vec<usize> = batch
-        .iter()
-        .enumerate()
-        .map(|(i, (e, _))| match e.idempotency_key.as_deref() {
-            Some(key) => *first_with_key.entry(key).or_insert(i),
-            None => i,
-        })
-        .collect();
-    let candidates: Vec<&NewEvent> = batch
-        .iter()
-        .zip(&first)
-        .enumerate()
-        .filter(|(i, (_, f))| i == *f)
-        .map(|(_, ((e, _), _))| e)
-        .collect();
+    let first = first_with_key(batch);
+    let events: Vec<&NewEvent> = candidates(batch, &first).map(|(e, _)| e).collect();
+    let (ev_id, ev_type, ev_payload, ev_key, ev_customer) = event_columns(&events);
     // Rows go in in key order, so two batches that share keys take their
     // locks on them in one order and never deadlock: a later one waits
     // (ON CONFLICT waits for the holder of a key to commit or roll back),
@@ -545,112 +745,25 @@ async fn insert_events(
          ORDER BY u.idempotency_key \
          ON CONFLICT (idempotency_key) DO NOTHING RETURNING event_id",
     )
-    .bind(uuids(candidates.iter().copied(), |e| *e.id.as_uuid()))
-    .bind(
-        candidates
-            .iter()
-            .map(|e| e.event_type.as_str())
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        candidates
-            .iter()
-            .map(|e| e.payload.as_str())
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        candidates
-            .iter()
-            .map(|e| e.idempotency_key.as_deref())
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        candidates
-            .iter()
-            .map(|e| e.customer_id.as_ref().map(CustomerId::as_str))
-            .collect::<Vec<_>>(),
-    )
+    .bind(ev_id)
+    .bind(ev_type)
+    .bind(ev_payload)
+    .bind(ev_key)
+    .bind(ev_customer)
     .fetch_all(&mut **tx)
     .await
     .map_err(map)?;
     let inserted: std::collections::HashSet<Uuid> = inserted.into_iter().collect();
-    // Keys that were taken already (or by a concurrent ingest that
-    // committed first): one lookup for all of them.
-    let taken_keys: Vec<&str> = candidates
-        .iter()
-        .filter(|e| !inserted.contains(e.id.as_uuid()))
-        .filter_map(|e| e.idempotency_key.as_deref())
-        .collect();
-    let mut holders: HashMap<String, Uuid> = HashMap::new();
-    if !taken_keys.is_empty() {
-        let rows: Vec<(String, Uuid)> = sqlx::query_as(
-            "SELECT idempotency_key, event_id FROM events WHERE idempotency_key = ANY($1)",
-        )
-        .bind(&taken_keys)
-        .fetch_all(&mut **tx)
-        .await
-        .map_err(map)?;
-        holders.extend(rows);
-    }
-    let mut results = Vec::with_capacity(batch.len());
-    let mut rows: Vec<(&NewEvent, &NewDelivery)> = Vec::new();
-    // Events over the threshold get a fan-out job instead of their rows.
-    let mut lazy: Vec<(&NewEvent, &[NewDelivery])> = Vec::new();
-    // In sharded mode (the control database) every event's deliveries go
-    // to the outbox, for the shards to write.
-    let mut outboxed: Vec<(&NewEvent, &[NewDelivery])> = Vec::new();
-    for (i, ((event, deliveries), &f)) in batch.iter().zip(&first).enumerate() {
-        // The first event of the batch with this event's key (itself when
-        // it is the first, or has no key).
-        let head = &batch[f].0;
-        let result = if inserted.contains(head.id.as_uuid()) {
-            if i == f && matches!(writes, Writes::Outbox) {
-                outboxed.push((event, deliveries));
-                Ok(Accepted {
-                    event_id: event.id,
-                    duplicate: false,
-                })
-            } else if i == f && writes.is_lazy(deliveries.len()) {
-                lazy.push((event, deliveries));
-                Ok(Accepted {
-                    event_id: event.id,
-                    duplicate: false,
-                })
-            } else if i == f {
-                rows.extend(deliveries.iter().map(|d| (event, d)));
-                Ok(Accepted {
-                    event_id: event.id,
-                    duplicate: false,
-                })
-            } else {
-                Ok(Accepted {
-                    event_id: head.id,
-                    duplicate: true,
-                })
-            }
-        } else {
-            match head.idempotency_key.as_deref().and_then(|k| holders.get(k)) {
-                Some(&id) => Ok(Accepted {
-                    event_id: EventId::from_uuid(id),
-                    duplicate: true,
-                }),
-                // Only possible if the holder of the key was deleted
-                // between the two statements.
-                None => Err(StoreError::Conflict(
-                    "idempotency key is being reused".into(),
-                )),
-            }
-        };
-        results.push(result);
-    }
-    insert_delivery_rows(tx, &rows).await?;
+    let holders = holders_of(&mut **tx, &events, &inserted).await?;
+    let sorted = sort_out(batch, &first, &inserted, &holders, writes);
+    insert_delivery_rows(tx, &sorted.rows).await?;
     if let Writes::Here(fanout) = writes {
-        for (event, deliveries) in lazy {
+        for (event, deliveries) in sorted.lazy {
             crate::fanout::write_job(tx, event, deliveries, fanout).await?;
         }
     }
-    crate::sharded::outbox::write(tx, &outboxed).await?;
-    Ok(results)
+    crate::sharded::outbox::write(tx, &sorted.outboxed).await?;
+    Ok(sorted.results)
 }
 
 /// Writes deliveries of several events (their rows are written already),
@@ -664,6 +777,7 @@ pub(crate) async fn insert_delivery_rows(
     if rows.is_empty() {
         return Ok(());
     }
+    let (d_id, d_event, d_sub, d_type, d_host) = delivery_columns(rows);
     sqlx::query(
         "INSERT INTO deliveries (delivery_id, event_id, sub_id, event_type, destination_host, \
          state, attempt, next_attempt_at, created_at, window_start, updated_at, retain_from) \
@@ -672,31 +786,11 @@ pub(crate) async fn insert_delivery_rows(
          FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[]) \
            AS u(delivery_id, event_id, sub_id, event_type, host)",
     )
-    .bind(
-        rows.iter()
-            .map(|(_, d)| *d.id.as_uuid())
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        rows.iter()
-            .map(|(e, _)| *e.id.as_uuid())
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        rows.iter()
-            .map(|(_, d)| *d.sub_id.as_uuid())
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        rows.iter()
-            .map(|(e, _)| e.event_type.as_str())
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        rows.iter()
-            .map(|(_, d)| d.destination_host.as_str())
-            .collect::<Vec<_>>(),
-    )
+    .bind(d_id)
+    .bind(d_event)
+    .bind(d_sub)
+    .bind(d_type)
+    .bind(d_host)
     .execute(&mut **tx)
     .await
     .map_err(map)?;
