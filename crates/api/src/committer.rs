@@ -10,6 +10,13 @@
 //! wait and a busy node commits many events per flush. A request's `202`
 //! still follows its own event's commit, which is the ingest promise.
 //!
+//! An event matched against the fan-out index as last built carries the
+//! generation that index was built from, and its batch goes in with
+//! [`Store::accept_events_at`]: the store checks, after every event of the
+//! batch arrived, that no subscription changed since, and writes nothing
+//! otherwise (PostgreSQL in the same round trip as the writes). Those
+//! events come back [`Committed::Stale`], to be matched again.
+//!
 //! The task is started on the first ingest (so building an
 //! [`AppState`](crate::AppState) needs no runtime), holds only the store,
 //! and ends when every sender is gone, i.e. with the last `AppState`. If it
@@ -18,7 +25,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use hookd_store::{Accepted, NewDelivery, NewEvent, Store, StoreError};
+use hookd_store::{Accepted, BatchOutcome, NewDelivery, NewEvent, Store, StoreError};
 use tokio::sync::{mpsc, oneshot};
 
 /// Most events in one transaction.
@@ -35,18 +42,11 @@ pub(crate) const MAX_PAYLOAD_BYTES: usize = 8 << 20;
 struct Pending {
     event: NewEvent,
     deliveries: Vec<NewDelivery>,
-    gate: Option<Gate>,
+    /// The generation of the fan-out index the deliveries were matched
+    /// against, to be checked at the commit; `None`: that index was built
+    /// after the request arrived, so the match is current already.
+    matched_at: Option<i64>,
     reply: oneshot::Sender<Result<Committed, StoreError>>,
-}
-
-/// The check an event's deliveries must pass before they are written: they
-/// were matched against the fan-out index built from `built_from`, and
-/// `read` is a read of the subscription generation that began after the
-/// request arrived. Only if the two agree is the match current.
-#[derive(Debug)]
-pub(crate) struct Gate {
-    pub(crate) built_from: i64,
-    pub(crate) read: tokio::task::JoinHandle<Result<i64, StoreError>>,
 }
 
 /// What became of an event handed to the committer.
@@ -84,14 +84,15 @@ struct BatchFailed {
 impl Committer {
     /// Accepts `event` and its deliveries with the next batch: the result
     /// [`Store::accept_event`] would give, once that batch has committed.
-    /// With a `gate`, only if it passes; otherwise nothing is written and
-    /// the event comes back ([`Committed::Stale`]).
+    /// With `matched_at`, only if the subscription generation is still that
+    /// when the batch commits; otherwise nothing is written and the event
+    /// comes back ([`Committed::Stale`]).
     pub(crate) async fn accept(
         &self,
         store: &Arc<dyn Store>,
         event: NewEvent,
         deliveries: Vec<NewDelivery>,
-        gate: Option<Gate>,
+        matched_at: Option<i64>,
     ) -> Result<Committed, StoreError> {
         let (reply, answer) = oneshot::channel();
         let gone = || StoreError::Backend(Box::new(CommitterGone));
@@ -99,7 +100,7 @@ impl Committer {
             .send(Pending {
                 event,
                 deliveries,
-                gate,
+                matched_at,
                 reply,
             })
             .map_err(|_| gone())?;
@@ -146,38 +147,18 @@ async fn run(store: Arc<dyn Store>, mut rx: mpsc::UnboundedReceiver<Pending>) {
             }
             batch.push(p);
         }
-        let events = pass_gates(batch.events).await;
-        if !events.is_empty() {
-            flush(store.as_ref(), events).await;
+        // One store call per run of events matched at one generation:
+        // almost always the whole batch.
+        let mut events = batch.events.into_iter().peekable();
+        while let Some(head) = events.next() {
+            let matched_at = head.matched_at;
+            let mut run = vec![head];
+            while let Some(p) = events.next_if(|p| p.matched_at == matched_at) {
+                run.push(p);
+            }
+            flush(store.as_ref(), run, matched_at).await;
         }
     }
-}
-
-/// The events of a batch whose gates pass (or that have none). The others
-/// are answered here, with nothing written: [`Committed::Stale`] when a
-/// subscription changed since their index was built, the error when the
-/// generation could not be read.
-async fn pass_gates(batch: Vec<Pending>) -> Vec<Pending> {
-    let mut passed = Vec::with_capacity(batch.len());
-    for mut p in batch {
-        let Some(gate) = p.gate.take() else {
-            passed.push(p);
-            continue;
-        };
-        match gate.read.await {
-            Ok(Ok(generation)) if generation == gate.built_from => passed.push(p),
-            Ok(Ok(_)) => {
-                let _ = p.reply.send(Ok(Committed::Stale(p.event)));
-            }
-            Ok(Err(e)) => {
-                let _ = p.reply.send(Err(e));
-            }
-            Err(joined) => {
-                let _ = p.reply.send(Err(StoreError::Backend(Box::new(joined))));
-            }
-        }
-    }
-    passed
 }
 
 /// A batch being gathered, with its running totals.
@@ -210,23 +191,33 @@ impl Batch {
     }
 }
 
-/// Accepts a batch in one store call and answers each of its events.
-async fn flush(store: &dyn Store, batch: Vec<Pending>) {
+/// Accepts a batch in one store call and answers each of its events: at
+/// `matched_at`, when given, see [`Pending::matched_at`].
+async fn flush(store: &dyn Store, batch: Vec<Pending>, matched_at: Option<i64>) {
     let events = batch.len();
     metrics::histogram!("hookd_ingest_batch_size").record(events as f64);
     let (items, replies): (Vec<_>, Vec<_>) = batch
         .into_iter()
         .map(|p| ((p.event, p.deliveries), p.reply))
         .unzip();
-    match store.accept_events(items).await {
-        Ok(results) if results.len() == events => {
+    let outcome = match matched_at {
+        Some(generation) => store.accept_events_at(generation, items).await,
+        None => store.accept_events(items).await.map(BatchOutcome::Accepted),
+    };
+    match outcome {
+        Ok(BatchOutcome::GenerationMoved(items)) => {
+            for (reply, (event, _)) in replies.into_iter().zip(items) {
+                let _ = reply.send(Ok(Committed::Stale(event)));
+            }
+        }
+        Ok(BatchOutcome::Accepted(results)) if results.len() == events => {
             for (reply, result) in replies.into_iter().zip(results) {
                 // The request may have gone away; its event is accepted all
                 // the same.
                 let _ = reply.send(result.map(Committed::Accepted));
             }
         }
-        Ok(results) => {
+        Ok(BatchOutcome::Accepted(results)) => {
             let e = StoreError::Backend(
                 format!(
                     "accept_events answered {} results for {events} events",

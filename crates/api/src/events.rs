@@ -20,7 +20,7 @@ use serde_json::value::RawValue;
 
 use crate::AppState;
 use crate::auth::Caller;
-use crate::committer::{Committed, Gate};
+use crate::committer::Committed;
 use crate::deliveries::DeliveryView;
 use crate::error::ApiError;
 use crate::extract::{IdPath, JsonBody};
@@ -127,35 +127,12 @@ pub(crate) async fn create(
     }
     let customer_id = owner_for(&caller, req.customer_id.as_deref())?;
 
-    // Match against the index as last built while a generation read that
-    // begins now runs beside the wait for the commit; the committer writes
-    // the event only if the read agrees with the index (`fanout.rs`). A read
-    // that is done at once (SQLite keeps the generation in memory) is
-    // checked here instead: a task and a gate would only cost more.
+    // Match against the index as last built; the commit checks that no
+    // subscription changed since it was built (`committer.rs`), so no read
+    // of the generation comes before the commit, or beside it.
     let fanout_cache = &state.inner.fanout;
-    let (built, mut gate) = match fanout_cache.last_built() {
-        Some((built, built_from)) => {
-            let reader = state.clone();
-            let mut read =
-                Box::pin(async move { reader.inner.fanout.read_generation(reader.store()).await });
-            let polled = {
-                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-                read.as_mut().poll(&mut cx)
-            };
-            match polled {
-                std::task::Poll::Ready(generation) => {
-                    if generation? == built_from {
-                        (built, None)
-                    } else {
-                        (fanout_cache.current(state.store()).await?, None)
-                    }
-                }
-                std::task::Poll::Pending => {
-                    let read = tokio::spawn(read);
-                    (built, Some(Gate { built_from, read }))
-                }
-            }
-        }
+    let (built, mut matched_at) = match fanout_cache.last_built() {
+        Some((built, built_from)) => (built, Some(built_from)),
         None => (fanout_cache.current(state.store()).await?, None),
     };
     let mut deliveries = match_deliveries(&state, &built, &event_type, customer_id.as_ref())?;
@@ -173,7 +150,7 @@ pub(crate) async fn create(
         match state
             .inner
             .committer
-            .accept(&state.inner.store, event, deliveries, gate.take())
+            .accept(&state.inner.store, event, deliveries, matched_at.take())
             .await?
         {
             Committed::Accepted(accepted) => break (accepted, fanout),

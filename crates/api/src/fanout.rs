@@ -1,24 +1,21 @@
 //! The cached fan-out index (design §9.4): event type → subscriptions, kept
 //! in memory and rebuilt whenever the store's subscription generation moves.
 //!
-//! Ingest reads the generation (one cheap query) and compares it with the one
-//! the cached index was built from, so a node never matches against a stale
-//! index, even when another node changed a subscription. Rebuilds happen under
-//! one async mutex, so a burst of events after a change loads the
-//! subscriptions once, not once per request.
+//! Ingest matches against the index as last built
+//! ([`FanoutCache::last_built`]), and its batch commits with
+//! `Store::accept_events_at` that index's generation, which the store
+//! checks after the request arrived (PostgreSQL in the same round trip as
+//! the writes), so a node never writes a match made against a stale index,
+//! even when another node changed a subscription. A mismatch writes nothing
+//! and sends the request back to rebuild ([`FanoutCache::current`]) and
+//! match again (`committer.rs`). Rebuilds happen under one async mutex, so a
+//! burst of events after a change loads the subscriptions once, not once
+//! per request.
 //!
-//! Concurrent ingests share generation reads too ([`GenerationReads`]): a
-//! request takes the value of a read that *began after it arrived*, so a
-//! burst of events costs one read, and no request can see a generation
-//! older than its own arrival.
-//!
-//! Ingest does not wait for that read before matching: it matches against
-//! the index as last built ([`FanoutCache::last_built`]) while the read runs
-//! ([`FanoutCache::read_generation`]), and the group committer checks the
-//! read against the index's generation before the event goes into a batch.
-//! A mismatch writes nothing and sends the request back to rebuild and match
-//! again (`committer.rs`). So the read overlaps the wait for the commit
-//! instead of coming before it, with the same guarantee.
+//! The generation reads that rebuilds start are shared
+//! ([`GenerationReads`]): a request takes the value of a read that *began
+//! after it arrived*, so a burst costs one read, and no request can see a
+//! generation older than its own arrival.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -89,9 +86,9 @@ impl GenerationReads {
 
 impl FanoutCache {
     /// The index as last built, without asking the store, and the
-    /// generation it was built from; `None` before the first build. Match
-    /// against it only with a [`read_generation`](Self::read_generation)
-    /// that began after the request arrived, and only if the two agree.
+    /// generation it was built from; `None` before the first build. A match
+    /// against it holds only if the generation, read after the request
+    /// arrived, is still this one (`Store::accept_events_at` checks).
     pub(crate) fn last_built(&self) -> Option<(Arc<BuiltIndex>, i64)> {
         let cached = self.cached();
         let generation = cached.generation?;
@@ -100,10 +97,7 @@ impl FanoutCache {
 
     /// The store's subscription generation, by a read that began after this
     /// call was first polled (shared with the requests around it).
-    pub(crate) async fn read_generation(
-        &self,
-        store: &dyn Store,
-    ) -> Result<i64, hookd_store::StoreError> {
+    async fn read_generation(&self, store: &dyn Store) -> Result<i64, hookd_store::StoreError> {
         self.generations
             .read(|| store.subscription_generation())
             .await

@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use hookd_domain::{DeliveryId, EventId, JobId, SubscriptionId, Timestamp};
 use hookd_store::{
-    Accepted, AttemptRecord, Backlog, ClaimRequest, ClaimedDelivery, DailyStats, Delivery,
-    DeliveryDetail, DeliveryQuery, DueDestination, DueWork, Event, FoundToken, JobStep, Lease,
-    NewDelivery, NewEvent, NewReplayJob, NewSubscription, NewToken, Notice, RaisedSignal,
+    Accepted, AttemptRecord, Backlog, BatchOutcome, ClaimRequest, ClaimedDelivery, DailyStats,
+    Delivery, DeliveryDetail, DeliveryQuery, DueDestination, DueWork, Event, FoundToken, JobStep,
+    Lease, NewDelivery, NewEvent, NewReplayJob, NewSubscription, NewToken, Notice, RaisedSignal,
     RecordOutcome, ReplayJob, Result, RetentionPolicy, RetentionReport, SchemaStatus, SignalKind,
     Store, StoreError, Subscription, SubscriptionHealth, SubscriptionPatch, SubscriptionQuery,
 };
@@ -257,6 +257,18 @@ impl Store for TimedStore {
     ) -> Result<Vec<Result<Accepted>>> {
         self.timed(Op::AcceptEvents, self.inner.accept_events(batch))
             .await
+    }
+
+    async fn accept_events_at(
+        &self,
+        generation: i64,
+        batch: Vec<(NewEvent, Vec<NewDelivery>)>,
+    ) -> Result<BatchOutcome> {
+        self.timed(
+            Op::AcceptEvents,
+            self.inner.accept_events_at(generation, batch),
+        )
+        .await
     }
 
     async fn get_event(&self, id: &EventId) -> Result<Event> {

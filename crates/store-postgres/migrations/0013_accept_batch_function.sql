@@ -5,11 +5,17 @@
 -- for hookd to be scheduled, not for the server. Called as one
 -- self-committing statement, the batch is all or nothing as before.
 --
+-- Unless `expected_generation` is NULL, first checks that the subscription
+-- generation is still the one the batch's deliveries were matched against,
+-- and raises SQLSTATE HKD01 (nothing written) when it moved: the check
+-- ingest made with a separate read before, now in the same round trip.
+--
 -- Inserts the events (first of each idempotency key only: the caller
 -- dedupes within the batch), in key order so batches sharing keys lock
 -- them in one order; then the deliveries of the events it inserted (every
 -- one of them in the usual case, no key taken). Returns the inserted ids.
 CREATE FUNCTION hookd_accept_batch(
+    expected_generation bigint,
     ev_id uuid[], ev_type text[], ev_payload text[], ev_key text[], ev_customer text[],
     d_id uuid[], d_event uuid[], d_sub uuid[], d_type text[], d_host text[])
 RETURNS SETOF uuid
@@ -17,6 +23,10 @@ LANGUAGE plpgsql AS $$
 DECLARE
     fresh uuid[];
 BEGIN
+    IF expected_generation IS NOT NULL AND expected_generation IS DISTINCT FROM
+        (SELECT value FROM meta WHERE name = 'subscription_generation') THEN
+        RAISE EXCEPTION 'the subscription generation moved' USING ERRCODE = 'HKD01';
+    END IF;
     WITH ins AS (
         INSERT INTO events (event_id, type, payload, idempotency_key, customer_id)
         SELECT u.event_id, u.type, u.payload, u.idempotency_key, u.customer_id

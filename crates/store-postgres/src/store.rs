@@ -10,11 +10,11 @@ use hookd_domain::CustomerId;
 use hookd_domain::subscription::SubscriptionState;
 use hookd_domain::{DeliveryId, EventId, JobId, SubscriptionId, Timestamp};
 use hookd_store::{
-    Accepted, Attempt, AttemptRecord, Backlog, ClaimOrder, ClaimRequest, ClaimedDelivery,
-    DailyStats, Delivery, DeliveryDetail, DeliveryQuery, DueDestination, DueSubscription, Event,
-    JobStep, Lease, NewDelivery, NewEvent, NewReplayJob, NewSubscription, NewToken, NextState,
-    Notice, RaisedSignal, RecordOutcome, ReplayJob, Result, RetentionPolicy, RetentionReport,
-    SignalKind, Store, StoreError, StreakChange, Subscription, SubscriptionHealth,
+    Accepted, Attempt, AttemptRecord, Backlog, BatchOutcome, ClaimOrder, ClaimRequest,
+    ClaimedDelivery, DailyStats, Delivery, DeliveryDetail, DeliveryQuery, DueDestination,
+    DueSubscription, Event, JobStep, Lease, NewDelivery, NewEvent, NewReplayJob, NewSubscription,
+    NewToken, NextState, Notice, RaisedSignal, RecordOutcome, ReplayJob, Result, RetentionPolicy,
+    RetentionReport, SignalKind, Store, StoreError, StreakChange, Subscription, SubscriptionHealth,
     SubscriptionPatch, SubscriptionQuery, TokenScope,
 };
 use sqlx::postgres::PgRow;
@@ -367,13 +367,15 @@ impl PgStore {
 
 impl PgStore {
     /// [`Store::accept_events`] on a borrowed batch (a sharded deployment
-    /// still needs the batch after the control database took it).
+    /// still needs the batch after the control database took it); with a
+    /// `generation`, [`Store::accept_events_at`]: `None` when it moved.
     pub(crate) async fn accept_batch(
         &self,
         batch: &[(NewEvent, Vec<NewDelivery>)],
-    ) -> Result<Vec<Result<Accepted>>> {
+        generation: Option<i64>,
+    ) -> Result<Option<Vec<Result<Accepted>>>> {
         if batch.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Some(Vec::new()));
         }
         let results = self
             .bounded(with_partitions(self, || async move {
@@ -382,12 +384,14 @@ impl PgStore {
                     .iter()
                     .all(|(_, ds)| matches!(writes, Writes::Here(_)) && !writes.is_lazy(ds.len()))
                 {
-                    accept_in_one_call(self, batch).await
+                    accept_in_one_call(self, batch, generation).await
                 } else {
                     let mut tx = begin(self).await?;
-                    let results = insert_events(&mut tx, batch, writes).await;
-                    match results {
-                        Ok(results) => commit(tx).await.map(|()| results),
+                    if generation_moved(&mut tx, generation).await? {
+                        return Ok(None);
+                    }
+                    match insert_events(&mut tx, batch, writes).await {
+                        Ok(results) => commit(tx).await.map(|()| Some(results)),
                         Err(e) => Err(e),
                     }
                 };
@@ -399,11 +403,17 @@ impl PgStore {
                     Err(e) => return Err(e),
                 }
                 let mut tx = begin(self).await?;
+                if generation_moved(&mut tx, generation).await? {
+                    return Ok(None);
+                }
                 let results = insert_events_one_by_one(&mut tx, batch, self.writes()).await?;
                 commit(tx).await?;
-                Ok(results)
+                Ok(Some(results))
             }))
             .await?;
+        let Some(results) = results else {
+            return Ok(None);
+        };
         let written: usize = batch
             .iter()
             .zip(&results)
@@ -411,9 +421,30 @@ impl PgStore {
             .map(|((_, ds), _)| self.rows_now(ds.len()))
             .sum();
         self.wrote_deliveries(written);
-        Ok(results)
+        Ok(Some(results))
     }
 }
+
+/// Whether the subscription generation, read in `tx`, is no longer
+/// `expected` (never, when nothing is expected).
+async fn generation_moved(
+    tx: &mut Transaction<'_, Postgres>,
+    expected: Option<i64>,
+) -> Result<bool> {
+    let Some(expected) = expected else {
+        return Ok(false);
+    };
+    let now: i64 =
+        sqlx::query_scalar("SELECT value FROM meta WHERE name = 'subscription_generation'")
+            .fetch_one(&mut **tx)
+            .await
+            .map_err(map)?;
+    Ok(now != expected)
+}
+
+/// The SQLSTATE `hookd_accept_batch` raises when the subscription
+/// generation is not the one the batch was matched against.
+const GENERATION_MOVED: &str = "HKD01";
 
 // In-flight lookups by id. Statements that find in-flight deliveries by id
 // test `(state || '') = 'inflight'`, not `state = 'inflight'`. The plain
@@ -685,7 +716,8 @@ async fn holders_of<'e>(
 async fn accept_in_one_call(
     store: &PgStore,
     batch: &[(NewEvent, Vec<NewDelivery>)],
-) -> Result<Vec<Result<Accepted>>> {
+    generation: Option<i64>,
+) -> Result<Option<Vec<Result<Accepted>>>> {
     let first = first_with_key(batch);
     let heads: Vec<&(NewEvent, Vec<NewDelivery>)> = candidates(batch, &first).collect();
     let events: Vec<&NewEvent> = heads.iter().map(|(e, _)| e).collect();
@@ -695,10 +727,11 @@ async fn accept_in_one_call(
         .collect();
     let (ev_id, ev_type, ev_payload, ev_key, ev_customer) = event_columns(&events);
     let (d_id, d_event, d_sub, d_type, d_host) = delivery_columns(&rows);
-    let inserted: Vec<Uuid> = sqlx::query_scalar(
-        "SELECT id FROM hookd_accept_batch($1::uuid[], $2::text[], $3::text[], $4::text[], \
-         $5::text[], $6::uuid[], $7::uuid[], $8::uuid[], $9::text[], $10::text[]) AS id",
+    let inserted: Vec<Uuid> = match sqlx::query_scalar(
+        "SELECT id FROM hookd_accept_batch($1::bigint, $2::uuid[], $3::text[], $4::text[], \
+         $5::text[], $6::text[], $7::uuid[], $8::uuid[], $9::uuid[], $10::text[], $11::text[]) AS id",
     )
+    .bind(generation)
     .bind(ev_id)
     .bind(ev_type)
     .bind(ev_payload)
@@ -711,10 +744,18 @@ async fn accept_in_one_call(
     .bind(d_host)
     .fetch_all(&store.pool)
     .await
-    .map_err(map)?;
+    {
+        Ok(inserted) => inserted,
+        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some(GENERATION_MOVED) => {
+            return Ok(None);
+        }
+        Err(e) => return Err(map(e)),
+    };
     let inserted: std::collections::HashSet<Uuid> = inserted.into_iter().collect();
     let holders = holders_of(&store.pool, &events, &inserted).await?;
-    Ok(sort_out(batch, &first, &inserted, &holders, store.writes()).results)
+    Ok(Some(
+        sort_out(batch, &first, &inserted, &holders, store.writes()).results,
+    ))
 }
 
 /// Accepts a batch in `tx`, all or nothing: the fast path of
@@ -1287,7 +1328,19 @@ impl Store for PgStore {
         &self,
         batch: Vec<(NewEvent, Vec<NewDelivery>)>,
     ) -> Result<Vec<Result<Accepted>>> {
-        self.accept_batch(&batch).await
+        let results = self.accept_batch(&batch, None).await?;
+        results.ok_or_else(|| StoreError::Corrupt("no generation was asked for".into()))
+    }
+
+    async fn accept_events_at(
+        &self,
+        generation: i64,
+        batch: Vec<(NewEvent, Vec<NewDelivery>)>,
+    ) -> Result<BatchOutcome> {
+        Ok(match self.accept_batch(&batch, Some(generation)).await? {
+            Some(results) => BatchOutcome::Accepted(results),
+            None => BatchOutcome::GenerationMoved(batch),
+        })
     }
 
     async fn get_event(&self, id: &EventId) -> Result<Event> {

@@ -60,6 +60,7 @@ macro_rules! conformance_tests {
             accept_events_fails_only_the_event_at_fault,
             accept_events_answers_in_input_order,
             concurrent_batches_with_one_key_create_exactly_one_event,
+            accept_events_at_writes_nothing_once_the_generation_moved,
             claims_take_due_deliveries_of_one_destination_oldest_first,
             claim_many_claims_for_every_request_in_order_and_nothing_twice,
             claim_many_claims_for_many_hosts_at_once,
@@ -132,6 +133,7 @@ macro_rules! conformance_tests {
             a_lazy_fanout_writes_ordered_deliveries_at_once_and_follows_subscription_changes,
             retention_keeps_the_event_of_an_unfinished_fanout_job,
             a_batch_of_events_fans_out_lazily_only_the_ones_over_the_threshold,
+            accept_events_at_refuses_a_lazy_fanout_once_the_generation_moved,
             heartbeats_count_the_live_nodes_that_deliver,
             heartbeats_forget_nodes_that_stopped,
             a_heartbeats_open_circuits_are_reported_until_the_next_replaces_them,
@@ -1252,6 +1254,90 @@ pub async fn accept_events_answers_in_input_order(store: Arc<dyn Store>) {
         total, created as u64,
         "every new event's deliveries, no more"
     );
+}
+
+pub async fn accept_events_at_writes_nothing_once_the_generation_moved(store: Arc<dyn Store>) {
+    let a = store
+        .create_subscription(new_sub("a.example", None))
+        .await
+        .unwrap();
+    accept_events_at_checks_the_generation(&store, &[a]).await;
+}
+
+/// [`Store::accept_events_at`], each event fanned out to `subs`: a batch
+/// matched at the current generation is written as `accept_events` writes
+/// it; once a subscription write moved the generation, a batch matched at
+/// the old one is refused whole, handed back as it went in, and nothing of
+/// it is written; matched at the new one, it is written.
+async fn accept_events_at_checks_the_generation(store: &Arc<dyn Store>, subs: &[Subscription]) {
+    let to_all = || subs.iter().map(delivery_to).collect::<Vec<_>>();
+    let matched_at = store.subscription_generation().await.unwrap();
+    let first: Vec<Ingest> = vec![
+        (new_event("x.y", Some("first")), to_all()),
+        (new_event("x.y", None), to_all()),
+    ];
+    let BatchOutcome::Accepted(results) = store
+        .accept_events_at(matched_at, first.clone())
+        .await
+        .unwrap()
+    else {
+        panic!("refused at the current generation");
+    };
+    let fresh = |e: &NewEvent| Accepted {
+        event_id: e.id,
+        duplicate: false,
+    };
+    let results: Vec<Accepted> = results.into_iter().map(Result::unwrap).collect();
+    assert_eq!(results, vec![fresh(&first[0].0), fresh(&first[1].0)]);
+    for (event, _) in &first {
+        assert!(event_exists(store, &event.id).await);
+    }
+
+    store
+        .create_subscription(new_sub("moved.example", None))
+        .await
+        .unwrap();
+    let late: Vec<Ingest> = vec![
+        (new_event("x.y", Some("late")), to_all()),
+        (new_event("x.y", Some("first")), to_all()),
+    ];
+    let ids = |batch: &[Ingest]| -> Vec<(EventId, Vec<DeliveryId>)> {
+        batch
+            .iter()
+            .map(|(e, ds)| (e.id, ds.iter().map(|d| d.id).collect()))
+            .collect()
+    };
+    match store
+        .accept_events_at(matched_at, late.clone())
+        .await
+        .unwrap()
+    {
+        BatchOutcome::GenerationMoved(back) => assert_eq!(ids(&back), ids(&late)),
+        BatchOutcome::Accepted(r) => panic!("written at a generation that moved: {r:?}"),
+    }
+    assert!(!event_exists(store, &late[0].0.id).await);
+    for d in &late[0].1 {
+        assert!(!delivery_exists(store, &d.id).await);
+    }
+
+    let now = store.subscription_generation().await.unwrap();
+    assert_ne!(now, matched_at);
+    let BatchOutcome::Accepted(results) = store.accept_events_at(now, late.clone()).await.unwrap()
+    else {
+        panic!("refused at the current generation");
+    };
+    let results: Vec<Accepted> = results.into_iter().map(Result::unwrap).collect();
+    assert_eq!(
+        results,
+        vec![
+            fresh(&late[0].0),
+            Accepted {
+                event_id: first[0].0.id,
+                duplicate: true
+            }
+        ]
+    );
+    assert!(event_exists(store, &late[0].0.id).await);
 }
 
 pub async fn concurrent_batches_with_one_key_create_exactly_one_event(store: Arc<dyn Store>) {

@@ -34,6 +34,17 @@ pub use types::*;
 /// Shorthand for store results.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
+/// What [`Store::accept_events_at`] did with a batch.
+#[derive(Debug)]
+pub enum BatchOutcome {
+    /// Accepted as [`Store::accept_events`] would: each event's result, in
+    /// input order.
+    Accepted(Vec<Result<Accepted>>),
+    /// Nothing written: the subscription generation is no longer the one
+    /// asked for. The batch, back.
+    GenerationMoved(Vec<(NewEvent, Vec<NewDelivery>)>),
+}
+
 /// The storage operations hookd needs, in domain terms.
 ///
 /// Every method is atomic: it either takes full effect or none. Times that
@@ -173,6 +184,24 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         &self,
         batch: Vec<(NewEvent, Vec<NewDelivery>)>,
     ) -> Result<Vec<Result<Accepted>>>;
+
+    /// [`accept_events`](Store::accept_events), but only if the
+    /// [subscription generation](Store::subscription_generation), read
+    /// after this call began, is still `generation`: the one the batch's
+    /// deliveries were matched against. Otherwise nothing is written and
+    /// the batch comes back ([`BatchOutcome::GenerationMoved`]), for the
+    /// caller to match again. A backend may read the generation in the same
+    /// round trip as the writes; by default it is read first.
+    async fn accept_events_at(
+        &self,
+        generation: i64,
+        batch: Vec<(NewEvent, Vec<NewDelivery>)>,
+    ) -> Result<BatchOutcome> {
+        if self.subscription_generation().await? != generation {
+            return Ok(BatchOutcome::GenerationMoved(batch));
+        }
+        self.accept_events(batch).await.map(BatchOutcome::Accepted)
+    }
 
     /// One event. `NotFound` if absent.
     async fn get_event(&self, id: &EventId) -> Result<Event>;

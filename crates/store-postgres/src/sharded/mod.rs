@@ -57,12 +57,12 @@ use hookd_domain::placement::{PlacementKey, shard_of};
 use hookd_domain::subscription::SubscriptionState;
 use hookd_domain::{DeliveryId, EventId, JobId, SubscriptionId, Timestamp};
 use hookd_store::{
-    Accepted, AttemptRecord, Backlog, ClaimRequest, ClaimedDelivery, DailyStats, Delivery,
-    DeliveryDetail, DeliveryQuery, DueDestination, DueSubscription, DueWork, Event, FanoutBacklog,
-    FanoutStep, FoundToken, JobState, JobStep, Lease, NewDelivery, NewEvent, NewReplayJob,
-    NewSubscription, NewToken, NodeHeartbeat, NodeInfo, Notice, RaisedSignal, RecordOutcome,
-    ReplayJob, Result, RetentionPolicy, RetentionReport, SchemaStatus, SignalKind, Store,
-    StoreError, Subscription, SubscriptionHealth, SubscriptionPatch, SubscriptionQuery,
+    Accepted, AttemptRecord, Backlog, BatchOutcome, ClaimRequest, ClaimedDelivery, DailyStats,
+    Delivery, DeliveryDetail, DeliveryQuery, DueDestination, DueSubscription, DueWork, Event,
+    FanoutBacklog, FanoutStep, FoundToken, JobState, JobStep, Lease, NewDelivery, NewEvent,
+    NewReplayJob, NewSubscription, NewToken, NodeHeartbeat, NodeInfo, Notice, RaisedSignal,
+    RecordOutcome, ReplayJob, Result, RetentionPolicy, RetentionReport, SchemaStatus, SignalKind,
+    Store, StoreError, Subscription, SubscriptionHealth, SubscriptionPatch, SubscriptionQuery,
     group_due_by_host,
 };
 
@@ -150,6 +150,31 @@ fn all_failed(what: &str, errors: Vec<StoreError>) -> StoreError {
 }
 
 impl ShardedStore {
+    /// [`Store::accept_events_at`] (`generation`: `Some`) or
+    /// [`Store::accept_events`] (`None`): the control database takes the
+    /// events and the outbox, then the shards get their parts.
+    async fn accept_parts(
+        &self,
+        batch: Vec<(NewEvent, Vec<NewDelivery>)>,
+        generation: Option<i64>,
+    ) -> Result<BatchOutcome> {
+        self.refresh().await;
+        let Some(results) = self.control.accept_batch(&batch, generation).await? else {
+            return Ok(BatchOutcome::GenerationMoved(batch));
+        };
+        let accepted: Vec<(NewEvent, Vec<NewDelivery>)> = batch
+            .into_iter()
+            .zip(&results)
+            .filter(|((_, ds), r)| !ds.is_empty() && matches!(r, Ok(a) if !a.duplicate))
+            .map(|(part, _)| part)
+            .collect();
+        if !accepted.is_empty() {
+            let topo = self.topology();
+            self.write_parts(&topo, &accepted).await;
+        }
+        Ok(BatchOutcome::Accepted(results))
+    }
+
     /// Opens a sharded deployment: connects to the control database at
     /// `control_url` and migrates it, reconciles `shards` (the `--shard`
     /// URLs, possibly none) with the map stored there, connects to and
@@ -846,19 +871,20 @@ impl Store for ShardedStore {
         &self,
         batch: Vec<(NewEvent, Vec<NewDelivery>)>,
     ) -> Result<Vec<Result<Accepted>>> {
-        self.refresh().await;
-        let results = self.control.accept_batch(&batch).await?;
-        let accepted: Vec<(NewEvent, Vec<NewDelivery>)> = batch
-            .into_iter()
-            .zip(&results)
-            .filter(|((_, ds), r)| !ds.is_empty() && matches!(r, Ok(a) if !a.duplicate))
-            .map(|(part, _)| part)
-            .collect();
-        if !accepted.is_empty() {
-            let topo = self.topology();
-            self.write_parts(&topo, &accepted).await;
+        match self.accept_parts(batch, None).await? {
+            BatchOutcome::Accepted(results) => Ok(results),
+            BatchOutcome::GenerationMoved(_) => {
+                Err(StoreError::Corrupt("no generation was asked for".into()))
+            }
         }
-        Ok(results)
+    }
+
+    async fn accept_events_at(
+        &self,
+        generation: i64,
+        batch: Vec<(NewEvent, Vec<NewDelivery>)>,
+    ) -> Result<BatchOutcome> {
+        self.accept_parts(batch, Some(generation)).await
     }
 
     async fn get_event(&self, id: &EventId) -> Result<Event> {

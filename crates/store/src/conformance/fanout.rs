@@ -11,7 +11,10 @@ use hookd_domain::delivery::DeliveryState;
 use hookd_domain::subscription::SubscriptionState;
 use hookd_domain::{DeliveryId, EventId, SubscriptionId};
 
-use super::{delivery_to, event_exists, expire_everything, new_event, new_sub, retain_all};
+use super::{
+    accept_events_at_checks_the_generation, delivery_to, event_exists, expire_everything,
+    new_event, new_sub, retain_all,
+};
 use crate::*;
 
 /// Just over the default threshold: two batches (1,000 and 1).
@@ -345,4 +348,13 @@ pub async fn a_batch_of_events_fans_out_lazily_only_the_ones_over_the_threshold(
     );
     materialize_all(&store).await;
     has_exactly(&store, &b_id, &wide).await;
+}
+
+/// `accept_events_at` with events over the threshold (a fan-out job each,
+/// which PostgreSQL writes in a transaction, not its one-call fast path).
+pub async fn accept_events_at_refuses_a_lazy_fanout_once_the_generation_moved(
+    store: Arc<dyn Store>,
+) {
+    let subs = many_subs(&store, "wide.example", OVER).await;
+    accept_events_at_checks_the_generation(&store, &subs).await;
 }
