@@ -380,9 +380,9 @@ impl PgStore {
         let results = self
             .bounded(with_partitions(self, || async move {
                 let writes = self.writes();
-                let fast = if batch
-                    .iter()
-                    .all(|(_, ds)| matches!(writes, Writes::Here(_)) && !writes.is_lazy(ds.len()))
+                // Every event written here as rows: the one-call path.
+                let fast = if matches!(writes, Writes::Here(_))
+                    && !batch.iter().any(|(_, ds)| writes.is_lazy(ds.len()))
                 {
                     accept_in_one_call(self, batch, generation).await
                 } else {
