@@ -563,6 +563,20 @@ async fn backlog(common: &Common, load: &Load) -> anyhow::Result<()> {
     );
     plan.behaviours = vec![Behaviour::Hold; plan.behaviours.len()];
     plan.release_after_posting = true;
+    // The destination's limits raised as in `single`, so the drain measures
+    // hookd, not its protection of the destination. So is the attempt
+    // timeout, past the build (1,000,000 events take 70–160 s): with the
+    // design's 30 s, the held requests time out during the build, the
+    // circuit opens, and the drain after the release runs at R4's recovery
+    // ramp (10 % of the cap, rising over 5 min) — the ramp's figure, not the
+    // backlog's. The lease must outlast the timeout.
+    plan.hookd_defaults = vec![
+        ("--host-concurrency", "256"),
+        ("--destination-rate-initial", "50000"),
+        ("--destination-rate-max", "50000"),
+        ("--attempt-timeout", "600s"),
+        ("--lease", "1800s"),
+    ];
     plan.drain_timeout = Duration::from_secs(1_800);
     let out = execute(common, plan).await?;
     let released = out.released_ns.unwrap_or(out.posted.first_ns);

@@ -143,6 +143,15 @@ impl Admission {
     /// work; each subscription's share is split between its oldest and
     /// newest due deliveries so a backlog keeps a guaranteed floor.
     pub fn plan(&self, due: &DueDestination, free: u32) -> Plan {
+        self.plan_ahead(due, free, 0, 0)
+    }
+
+    /// [`plan`](Self::plan), and besides the free slots up to `budget` more
+    /// deliveries to claim ahead (§9.1), so they wait in memory for this
+    /// destination's next free slot; `waiting` are those already waiting
+    /// here. How many it may be is the destination's
+    /// [`lookahead`](DestinationAdmission::lookahead) less `waiting`.
+    pub fn plan_ahead(&self, due: &DueDestination, free: u32, waiting: u32, budget: u32) -> Plan {
         let now = self.clock.now();
         let mut hosts = self.hosts.lock().unwrap();
         let h = self.host_state(&mut hosts, &due.host, now);
@@ -170,7 +179,15 @@ impl Admission {
             h.destination.set_concurrency(share);
         }
         let admit = h.destination.available(now);
-        let slots = admit.slots.min(free);
+        let ahead = if budget == 0 {
+            0
+        } else {
+            h.destination
+                .lookahead(now)
+                .saturating_sub(waiting)
+                .min(budget)
+        };
+        let slots = admit.slots.min(free) + ahead;
         if slots == 0 || due.subscriptions.is_empty() {
             return Plan {
                 claims: Vec::new(),
@@ -264,6 +281,17 @@ impl Admission {
             oldest,
             ticket: Some(ticket),
         })
+    }
+
+    /// Whether deliveries claimed ahead may keep waiting for `host`
+    /// ([`healthy`](DestinationAdmission::healthy)): once it fails they go
+    /// back to the store.
+    pub fn may_wait(&self, host: &str) -> bool {
+        let now = self.clock.now();
+        let mut hosts = self.hosts.lock().unwrap();
+        self.host_state(&mut hosts, host, now)
+            .destination
+            .healthy(now)
     }
 
     /// Adopts another node's "this destination's circuit opened" (R1).

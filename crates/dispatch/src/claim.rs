@@ -1,12 +1,15 @@
 //! The claim loop: find destinations with due work, claim what admission
 //! allows, and run each attempt as a tracked task.
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hookd_domain::isolation::{AttemptOutcome, CircuitTransition, OutcomeKind};
 use hookd_domain::{Clock, Timestamp};
-use hookd_store::{ClaimRequest, ClaimedDelivery, Lease, RecordOutcome, Store, StoreError};
+use hookd_store::{
+    ClaimOrder, ClaimRequest, ClaimedDelivery, Lease, RecordOutcome, Store, StoreError,
+};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -26,6 +29,11 @@ const DESTINATIONS_PER_PASS: u32 = 512;
 /// while `max_in_flight` more are at destinations. A waiting record holds
 /// the attempt's outcome and the subscription, not the payload.
 const RECORDS_PER_SLOT: usize = 4;
+
+/// How many deliveries may wait in memory, claimed ahead of a free slot
+/// (§9.1), per global slot (`max_in_flight`), across all destinations. They
+/// hold their payloads, as attempts in flight do.
+const WAITING_PER_SLOT: usize = 1;
 
 /// The dispatcher. Cheap to clone; clones share state.
 #[derive(Debug, Clone)]
@@ -74,6 +82,201 @@ pub enum BuildError {
     Http(#[source] reqwest::Error),
 }
 
+/// What the attempt tasks of one run share: where they are tracked, how they
+/// are cut off, where the leases of cut-off ones go, the recorder, and the
+/// deliveries claimed ahead that wait for their destination's next slot.
+struct Run {
+    tracker: TaskTracker,
+    hard_stop: CancellationToken,
+    /// Cancelled when claiming stops: nothing waiting starts after that.
+    stopping: CancellationToken,
+    unfinished: Mutex<Vec<Lease>>,
+    recorder: Recorder,
+    waiting: Mutex<Waiting>,
+    /// Claim at most this many ahead in all (0: never; `dispatch_once`).
+    max_waiting: usize,
+    /// A delivery that waited this long goes back to the store unsent: it
+    /// must start well within its lease (see [`max_wait`]).
+    max_wait: Duration,
+}
+
+/// Deliveries claimed ahead of a free slot (§9.1), by destination host, each
+/// queue in claim order.
+#[derive(Default)]
+struct Waiting {
+    by_host: HashMap<String, VecDeque<Ready>>,
+    total: usize,
+}
+
+/// One delivery claimed ahead.
+struct Ready {
+    claimed: ClaimedDelivery,
+    order: ClaimOrder,
+    since: tokio::time::Instant,
+}
+
+/// How long a delivery claimed ahead may wait for a slot. It was claimed
+/// with `lease`; once started it runs for up to `attempt_timeout` and first
+/// renews after `renew_every`, so it must start within their difference.
+/// Half of that leaves room for a slow store and clock drift; 15 s with the
+/// design's values (lease 90 s, timeout 30 s, renewal every 30 s).
+fn max_wait(cfg: &DispatchConfig) -> Duration {
+    cfg.lease
+        .saturating_sub(cfg.attempt_timeout.max(cfg.renew_every))
+        .saturating_sub(cfg.attempt_timeout.min(cfg.renew_every))
+        / 2
+}
+
+impl Run {
+    fn new(
+        inner: &Arc<Inner>,
+        stopping: CancellationToken,
+        ahead: bool,
+    ) -> (Arc<Self>, tokio::task::JoinHandle<()>) {
+        let hard_stop = CancellationToken::new();
+        let (recorder, recording) = Recorder::start(inner.clone(), hard_stop.clone());
+        let max_wait = max_wait(&inner.config);
+        let max_waiting = if ahead && !max_wait.is_zero() {
+            inner.config.max_in_flight.saturating_mul(WAITING_PER_SLOT)
+        } else {
+            0
+        };
+        let run = Arc::new(Self {
+            tracker: TaskTracker::new(),
+            hard_stop,
+            stopping,
+            unfinished: Mutex::new(Vec::new()),
+            recorder,
+            waiting: Mutex::new(Waiting::default()),
+            max_waiting,
+            max_wait,
+        });
+        (run, recording)
+    }
+
+    /// Deliveries waiting for `host`.
+    fn waiting_at(&self, host: &str) -> u32 {
+        let w = self.waiting.lock().unwrap();
+        u32::try_from(w.by_host.get(host).map_or(0, VecDeque::len)).unwrap_or(u32::MAX)
+    }
+
+    /// Room left to claim ahead, across all destinations.
+    fn room(&self) -> u32 {
+        let w = self.waiting.lock().unwrap();
+        u32::try_from(self.max_waiting.saturating_sub(w.total)).unwrap_or(u32::MAX)
+    }
+
+    fn push_waiting(&self, host: &str, claimed: ClaimedDelivery, order: ClaimOrder) {
+        let mut w = self.waiting.lock().unwrap();
+        w.by_host
+            .entry(host.to_owned())
+            .or_default()
+            .push_back(Ready {
+                claimed,
+                order,
+                since: tokio::time::Instant::now(),
+            });
+        w.total += 1;
+        metrics::gauge!("hookd_claimed_ahead").set(w.total as f64);
+    }
+
+    /// Hosts with deliveries waiting.
+    fn waiting_hosts(&self) -> Vec<String> {
+        self.waiting
+            .lock()
+            .unwrap()
+            .by_host
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    /// Every waiting delivery's lease, the queues emptied (at the end of a
+    /// run: they go back to the store).
+    fn take_waiting(&self) -> Vec<Lease> {
+        let mut w = self.waiting.lock().unwrap();
+        w.total = 0;
+        metrics::gauge!("hookd_claimed_ahead").set(0.0);
+        w.by_host
+            .drain()
+            .flat_map(|(_, q)| q.into_iter().map(|r| r.claimed.lease))
+            .collect()
+    }
+
+    /// Starts what waits for `host` while admission and the global limit
+    /// let it, oldest claim first. Returns the leases to give back: those
+    /// that waited too long, and all of them once the destination is no
+    /// longer [`healthy`](hookd_domain::isolation::DestinationAdmission::healthy).
+    /// Takes no store round trip; the caller releases.
+    fn pump(self: &Arc<Self>, inner: &Arc<Inner>, host: &str) -> Vec<Lease> {
+        let mut back = Vec::new();
+        let mut started = 0usize;
+        let mut w = self.waiting.lock().unwrap();
+        let Some(q) = w.by_host.get_mut(host) else {
+            return back;
+        };
+        while let Some(front) = q.front() {
+            if front.since.elapsed() > self.max_wait {
+                back.push(q.pop_front().expect("front exists").claimed.lease);
+                continue;
+            }
+            if self.stopping.is_cancelled() {
+                break;
+            }
+            // A destination that just failed gets its next attempt at the
+            // claim loop's pace, not the instant its slot frees.
+            if !inner.admission.may_wait(host) {
+                back.extend(q.drain(..).map(|r| r.claimed.lease));
+                break;
+            }
+            let Some(permit) =
+                inner
+                    .admission
+                    .start(host, front.claimed.delivery.sub_id, front.order)
+            else {
+                break;
+            };
+            // Dropping the permit unstarted gives its slot back.
+            let Ok(global) = inner.global.clone().try_acquire_owned() else {
+                break;
+            };
+            let ready = q.pop_front().expect("front exists");
+            started += 1;
+            self.spawn(
+                inner,
+                Job {
+                    claimed: ready.claimed,
+                    permit,
+                    global,
+                },
+            );
+        }
+        let emptied = q.is_empty();
+        if emptied {
+            w.by_host.remove(host);
+        }
+        w.total = w.total.saturating_sub(started + back.len());
+        metrics::gauge!("hookd_claimed_ahead").set(w.total as f64);
+        back
+    }
+
+    fn spawn(self: &Arc<Self>, inner: &Arc<Inner>, job: Job) {
+        self.tracker
+            .spawn(attempt(inner.clone(), job, self.clone()));
+    }
+}
+
+/// Gives leases back to the store, logging a failure (their leases expire
+/// anyway; releasing only makes them claimable sooner).
+async fn give_back(inner: &Inner, leases: &[Lease]) {
+    if leases.is_empty() {
+        return;
+    }
+    if let Err(e) = inner.store.release(leases).await {
+        tracing::warn!(count = leases.len(), error = %error_chain(&e), "releasing deliveries claimed ahead failed");
+    }
+}
+
 /// Work handed to one attempt task.
 struct Job {
     claimed: ClaimedDelivery,
@@ -86,6 +289,8 @@ struct Job {
 struct Pass {
     /// Attempts started.
     started: usize,
+    /// Deliveries claimed ahead, left waiting for a slot.
+    queued: usize,
     /// The earliest time a destination that admitted nothing could admit
     /// more (a token, the end of an open period).
     next_check: Option<Timestamp>,
@@ -157,10 +362,7 @@ impl Dispatcher {
     /// and releases their deliveries (their leases would expire anyway; this
     /// only makes them claimable sooner).
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), StoreError> {
-        let tracker = TaskTracker::new();
-        let hard_stop = CancellationToken::new();
-        let unfinished = Arc::new(Mutex::new(Vec::new()));
-        let (recorder, recording) = Recorder::start(self.inner.clone(), hard_stop.clone());
+        let (run, recording) = Run::new(&self.inner, shutdown.clone(), true);
         let cfg = &self.inner.config;
         let mut next_reclaim = tokio::time::Instant::now();
         let mut backoff = Duration::ZERO;
@@ -177,12 +379,10 @@ impl Dispatcher {
                 }
                 next_reclaim = tokio::time::Instant::now() + cfg.reclaim_every;
             }
-            match self
-                .claim_pass(&tracker, &hard_stop, &unfinished, &recorder)
-                .await
-            {
+            match self.claim_pass(&run).await {
                 Ok(Pass {
                     started: 0,
+                    queued: 0,
                     next_check,
                 }) => {
                     backoff = Duration::ZERO;
@@ -216,29 +416,31 @@ impl Dispatcher {
             }
         }
 
-        tracker.close();
+        run.tracker.close();
         tracing::info!(
-            in_flight = tracker.len(),
+            in_flight = run.tracker.len(),
             "dispatcher stopping: no new claims"
         );
-        if tokio::time::timeout(cfg.shutdown_grace, tracker.wait())
+        if tokio::time::timeout(cfg.shutdown_grace, run.tracker.wait())
             .await
             .is_err()
         {
             tracing::warn!(
-                in_flight = tracker.len(),
+                in_flight = run.tracker.len(),
                 "shutdown grace over: cutting off attempts"
             );
-            hard_stop.cancel();
-            tracker.wait().await;
+            run.hard_stop.cancel();
+            run.tracker.wait().await;
         }
         // Every attempt has its record's outcome (or was cut off): flush
-        // what the recorder still holds before giving leases back.
-        drop(recorder);
+        // what the recorder still holds before giving leases back. The
+        // tasks are done, so this is the last reference to the run.
+        let mut leases = run.take_waiting();
+        leases.append(&mut run.unfinished.lock().unwrap());
+        drop(run);
         if let Err(e) = recording.await {
             tracing::error!(error = %e, "the attempt recorder failed");
         }
-        let leases = std::mem::take(&mut *unfinished.lock().unwrap());
         if !leases.is_empty() {
             let n = self.inner.store.release(&leases).await?;
             tracing::info!(count = n, "released unfinished deliveries");
@@ -251,16 +453,13 @@ impl Dispatcher {
     /// every attempt, records them, and returns how many attempts were made.
     /// For tests, which drive passes themselves instead of sleeping.
     pub async fn dispatch_once(&self) -> Result<usize, StoreError> {
-        let tracker = TaskTracker::new();
-        let unfinished = Arc::new(Mutex::new(Vec::new()));
-        let hard_stop = CancellationToken::new();
-        let (recorder, recording) = Recorder::start(self.inner.clone(), hard_stop.clone());
-        let pass = self
-            .claim_pass(&tracker, &hard_stop, &unfinished, &recorder)
-            .await;
-        tracker.close();
-        tracker.wait().await;
-        drop(recorder);
+        // No claiming ahead: a test's pass makes exactly what admission
+        // allows now.
+        let (run, recording) = Run::new(&self.inner, CancellationToken::new(), false);
+        let pass = self.claim_pass(&run).await;
+        run.tracker.close();
+        run.tracker.wait().await;
+        drop(run);
         let _ = recording.await;
         Ok(pass?.started)
     }
@@ -269,34 +468,44 @@ impl Dispatcher {
     /// delivery: for each destination with due work, admission plans how
     /// many deliveries of which subscription to claim, oldest or newest
     /// first; a destination that admits nothing is not claimed from at all.
-    async fn claim_pass(
-        &self,
-        tracker: &TaskTracker,
-        hard_stop: &CancellationToken,
-        unfinished: &Arc<Mutex<Vec<Lease>>>,
-        recorder: &Recorder,
-    ) -> Result<Pass, StoreError> {
+    ///
+    /// Besides the free slots, a busy destination gets deliveries claimed
+    /// ahead (§9.1): they wait in memory and start the moment one of its
+    /// attempts finishes, so its slots do not sit idle through a claim's
+    /// round trip. Each pass first starts what waits, where it now may.
+    async fn claim_pass(&self, run: &Arc<Run>) -> Result<Pass, StoreError> {
         let inner = &self.inner;
         let mut pass = Pass::default();
-        if inner.global.available_permits() == 0 {
+        let mut back = Vec::new();
+        for host in run.waiting_hosts() {
+            back.append(&mut run.pump(inner, &host));
+        }
+        give_back(inner, &back).await;
+        back.clear();
+        let mut room = run.room();
+        if inner.global.available_permits() == 0 && room == 0 {
             return Ok(pass);
         }
         let due = inner.store.due_destinations(DESTINATIONS_PER_PASS).await?;
         // Plan every destination first (in memory), then claim for all of
         // them at once: one store call per pass, not one per destination.
-        // Each plan sees the global slots the plans before it left.
+        // Each plan sees the global slots (and the room to wait) the plans
+        // before it left.
         let mut free = inner.global.available_permits() as u32;
         let mut reqs = Vec::new();
         for destination in &due {
-            if free == 0 {
+            if free == 0 && room == 0 {
                 break;
             }
-            let plan = inner.admission.plan(destination, free);
+            let here = run.waiting_at(&destination.host);
+            let plan = inner.admission.plan_ahead(destination, free, here, room);
             if let Some(t) = plan.next_check {
                 pass.next_check = Some(pass.next_check.map_or(t, |p| p.min(t)));
             }
             for claim in plan.claims {
-                free = free.saturating_sub(claim.limit);
+                let now = claim.limit.min(free);
+                free -= now;
+                room = room.saturating_sub(claim.limit - now);
                 reqs.push(ClaimRequest {
                     worker_id: inner.config.worker_id.clone(),
                     destination: destination.host.clone(),
@@ -311,56 +520,49 @@ impl Dispatcher {
             return Ok(pass);
         }
         let claimed = inner.store.claim_many(&reqs).await?;
-        let mut refused = Vec::new();
         for (req, claimed) in reqs.iter().zip(claimed) {
             metrics::histogram!("hookd_claim_batch_size").record(claimed.len() as f64);
             for c in claimed {
-                // Admission may have changed since the plan (an attempt
-                // that just failed opened the circuit): then give the row
-                // back untouched.
+                // What cannot start now waits for a slot if this
+                // destination may claim ahead; otherwise admission changed
+                // since the plan (an attempt that just failed opened the
+                // circuit): then the row goes back untouched.
                 let permit = inner
                     .admission
                     .start(&req.destination, c.delivery.sub_id, req.order);
                 let global = inner.global.clone().try_acquire_owned().ok();
-                let Some((permit, global)) = permit.zip(global) else {
-                    refused.push(c.lease);
-                    continue;
-                };
-                let job = Job {
-                    claimed: c,
-                    permit,
-                    global,
-                };
-                tracker.spawn(attempt(
-                    inner.clone(),
-                    job,
-                    hard_stop.clone(),
-                    unfinished.clone(),
-                    recorder.clone(),
-                ));
-                pass.started += 1;
+                match permit.zip(global) {
+                    Some((permit, global)) => {
+                        run.spawn(
+                            inner,
+                            Job {
+                                claimed: c,
+                                permit,
+                                global,
+                            },
+                        );
+                        pass.started += 1;
+                    }
+                    None if run.max_waiting > 0 && inner.admission.may_wait(&req.destination) => {
+                        run.push_waiting(&req.destination, c, req.order);
+                        pass.queued += 1;
+                    }
+                    None => back.push(c.lease),
+                }
             }
         }
-        if !refused.is_empty() {
-            inner.store.release(&refused).await?;
-        }
+        give_back(inner, &back).await;
         Ok(pass)
     }
 }
 
 /// One attempt of one delivery, from send to record.
-async fn attempt(
-    inner: Arc<Inner>,
-    job: Job,
-    hard_stop: CancellationToken,
-    unfinished: Arc<Mutex<Vec<Lease>>>,
-    recorder: Recorder,
-) {
+async fn attempt(inner: Arc<Inner>, job: Job, run: Arc<Run>) {
     let lease = job.claimed.lease;
     tokio::select! {
-        () = run_attempt(&inner, job, &recorder) => {}
+        () = run_attempt(&inner, job, &run) => {}
         // Dropping the permit unfinished cancels it in admission.
-        _ = hard_stop.cancelled() => unfinished.lock().unwrap().push(lease),
+        _ = run.hard_stop.cancelled() => run.unfinished.lock().unwrap().push(lease),
     }
 }
 
@@ -381,7 +583,7 @@ async fn attempt(
 /// record slots are what keeps answered attempts waiting on a slow store
 /// bounded. An ordered subscription cannot get ahead of itself: the store
 /// refuses its next delivery while this one is still in flight there.
-async fn run_attempt(inner: &Inner, job: Job, recorder: &Recorder) {
+async fn run_attempt(inner: &Arc<Inner>, job: Job, run: &Arc<Run>) {
     let Job {
         claimed,
         permit,
@@ -442,12 +644,16 @@ async fn run_attempt(inner: &Inner, job: Job, recorder: &Recorder) {
     // attempt would only keep its global slot until its record is in.
     let recording = inner.recording.acquire().await.ok();
     drop(global);
+    // The slot this attempt held goes to what waits for its destination,
+    // at once; the claim loop is told too, for every other destination.
+    let back = run.pump(inner, &delivery.destination_host);
     inner.slot_freed.notify_one();
+    give_back(inner, &back).await;
     crash_points_before_record(&decision.record.next);
     let disable = decision.disable_subscription;
     let delivered = matches!(decision.record.next, hookd_store::NextState::Delivered);
     // Recorded with the next batch; this task waits for its own outcome.
-    match recorder.record(decision.record).await {
+    match run.recorder.record(decision.record).await {
         Some(RecordOutcome::Recorded) => {}
         Some(RecordOutcome::LeaseLost) => tracing::warn!(
             delivery_id = %delivery.id,

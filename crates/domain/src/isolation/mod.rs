@@ -65,6 +65,12 @@ pub use split::{RecentAttempts, SPLIT_MAX_FAILURE_PERCENT, SPLIT_MIN_ATTEMPTS, s
 
 use crate::Timestamp;
 
+/// Deliveries that may wait claimed ahead, per slot of a destination's cap
+/// ([`DestinationAdmission::lookahead`]): enough to cover a claim pass at a
+/// fast destination (256 slots at 1 ms answers drain 256 in a few ms; a
+/// pass on PostgreSQL takes 30–40 ms).
+pub const LOOKAHEAD_PER_SLOT: u32 = 4;
+
 /// How an attempt ended, as far as isolation cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum OutcomeKind {
@@ -244,6 +250,37 @@ impl DestinationAdmission {
                 }
             }
         }
+    }
+
+    /// How many deliveries may be claimed *ahead* of a free slot (§9.1), to
+    /// wait in memory and start the moment an attempt here finishes, so a
+    /// busy destination's slots do not sit idle through the claim's round
+    /// trip. Only while it is [`healthy`](Self::healthy), never more than the cap, and
+    /// only as many as the bucket holds tokens for beyond the free slots: a
+    /// destination the rate or the breaker holds back gets nothing ahead,
+    /// and nothing waiting makes more requests than admission allows, since
+    /// each still needs [`on_start`](Self::on_start). Asking takes nothing.
+    pub fn lookahead(&mut self, now: Timestamp) -> u32 {
+        if !self.healthy(now) {
+            return 0;
+        }
+        let limit = self.concurrency_limit();
+        let free = limit.saturating_sub(self.in_flight);
+        self.bucket
+            .available(now)
+            .saturating_sub(free)
+            .min(limit.saturating_mul(LOOKAHEAD_PER_SLOT))
+    }
+
+    /// Whether deliveries may be claimed ahead for this destination, and
+    /// keep waiting for it: its circuit is closed and no attempt failed in
+    /// the breaker's window. A struggling destination gets its next attempt
+    /// at the claim loop's pace, never the instant a slot frees (a timed-out
+    /// request's connection may not even be closed at its end yet).
+    pub fn healthy(&mut self, now: Timestamp) -> bool {
+        self.roll(now);
+        self.breaker.allowance(now) == Allowance::Unlimited
+            && self.breaker.window_counts(now).0 == 0
     }
 
     /// Starts one attempt: takes a slot (and a token, or the probe). `None`
@@ -513,6 +550,46 @@ pub(crate) mod tests {
         a.on_cancel(t0(), tickets.next().unwrap());
         assert_eq!(a.available(t0()).slots, 2);
         assert_eq!(a.snapshot(t0()).in_flight, 18);
+    }
+
+    #[test]
+    fn only_a_healthy_destination_with_tokens_to_spare_claims_ahead() {
+        let with_rate = |rate: f64| {
+            DestinationAdmission::new(
+                AdmissionConfig {
+                    rate_override: Some(rate),
+                    ..Default::default()
+                },
+                t0(),
+            )
+        };
+        // 1,000 tokens, 20 free slots: four times the cap may wait ahead.
+        let mut a = with_rate(1_000.0);
+        assert_eq!(a.lookahead(t0()), 20 * LOOKAHEAD_PER_SLOT);
+        let tickets: Vec<Ticket> = (0..20).map(|_| a.on_start(t0()).unwrap()).collect();
+        assert_eq!(
+            a.lookahead(t0()),
+            20 * LOOKAHEAD_PER_SLOT,
+            "the cap is full; tokens are left"
+        );
+        for t in tickets {
+            a.on_finish(t0(), t, OK, 0.0);
+        }
+        // 50 tokens: 20 go to the free slots, 30 may wait.
+        assert_eq!(with_rate(50.0).lookahead(t0()), 30);
+        // 5 tokens, all needed by the free slots.
+        assert_eq!(with_rate(5.0).lookahead(t0()), 0, "the rate binds");
+        // One failure in the window: nothing ahead while it counts.
+        run(&mut a, t0(), 1, FAIL);
+        assert_eq!(a.lookahead(t0()), 0, "a failing destination");
+        assert!(!a.healthy(t0()));
+        let mut a = with_rate(1_000.0);
+        assert!(a.healthy(t0()));
+        // An open circuit, and its probe: nothing ahead.
+        assert!(a.force_open(t0(), 0.0));
+        assert_eq!(a.lookahead(t0()), 0);
+        let probe_at = a.available(t0()).next_check.unwrap();
+        assert_eq!(a.lookahead(probe_at), 0, "half-open: only the probe goes");
     }
 
     #[test]
