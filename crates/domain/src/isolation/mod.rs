@@ -255,9 +255,10 @@ impl DestinationAdmission {
     /// How many deliveries may be claimed *ahead* of a free slot (§9.1), to
     /// wait in memory and start the moment an attempt here finishes, so a
     /// busy destination's slots do not sit idle through the claim's round
-    /// trip. Only while it is [`healthy`](Self::healthy), never more than the cap, and
-    /// only as many as the bucket holds tokens for beyond the free slots: a
-    /// destination the rate or the breaker holds back gets nothing ahead,
+    /// trip. Only while it is [`healthy`](Self::healthy), never more than
+    /// [`LOOKAHEAD_PER_SLOT`] times the cap, and only as many as the bucket
+    /// holds tokens for beyond the free slots: a destination the rate or
+    /// the breaker holds back gets nothing ahead,
     /// and nothing waiting makes more requests than admission allows, since
     /// each still needs [`on_start`](Self::on_start). Asking takes nothing.
     pub fn lookahead(&mut self, now: Timestamp) -> u32 {
