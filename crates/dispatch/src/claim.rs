@@ -122,8 +122,8 @@ struct Ready {
 /// design's values (lease 90 s, timeout 30 s, renewal every 30 s).
 fn max_wait(cfg: &DispatchConfig) -> Duration {
     cfg.lease
-        .saturating_sub(cfg.attempt_timeout.max(cfg.renew_every))
-        .saturating_sub(cfg.attempt_timeout.min(cfg.renew_every))
+        .saturating_sub(cfg.attempt_timeout)
+        .saturating_sub(cfg.renew_every)
         / 2
 }
 
@@ -215,18 +215,18 @@ impl Run {
         let Some(q) = w.by_host.get_mut(host) else {
             return back;
         };
+        // A destination that just failed gets its next attempt at the claim
+        // loop's pace, not the instant its slot frees. Asked once: starting
+        // attempts records no failure.
+        if !inner.admission.may_wait(host) {
+            back.extend(q.drain(..).map(|r| r.claimed.lease));
+        }
         while let Some(front) = q.front() {
             if front.since.elapsed() > self.max_wait {
                 back.push(q.pop_front().expect("front exists").claimed.lease);
                 continue;
             }
             if self.stopping.is_cancelled() {
-                break;
-            }
-            // A destination that just failed gets its next attempt at the
-            // claim loop's pace, not the instant its slot frees.
-            if !inner.admission.may_wait(host) {
-                back.extend(q.drain(..).map(|r| r.claimed.lease));
                 break;
             }
             let Some(permit) =

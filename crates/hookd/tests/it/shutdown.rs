@@ -1,6 +1,8 @@
 //! Graceful shutdown: stop claiming, give in-flight attempts a bounded
 //! grace, then cut them off and release their deliveries.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::json;
@@ -8,6 +10,23 @@ use serde_json::json;
 use crate::helpers::*;
 
 crate::on_both_backends!(an_attempt_cut_off_at_shutdown_is_released_not_lost);
+
+/// A destination on `ip` that accepts connections and never answers, and
+/// how many it has accepted (one per request: none ever finishes).
+async fn never_answering(ip: &str) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let seen = connections.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((sock, _)) = listener.accept().await {
+            seen.fetch_add(1, Ordering::SeqCst);
+            held.push(sock);
+        }
+    });
+    (addr, connections)
+}
 
 async fn an_attempt_cut_off_at_shutdown_is_released_not_lost(backend: Backend) {
     let Some(app) = spawn_app_with(backend, |c| {
@@ -18,25 +37,15 @@ async fn an_attempt_cut_off_at_shutdown_is_released_not_lost(backend: Backend) {
     else {
         return;
     };
-    // A destination that accepts and never answers: the attempt outlives the grace.
-    let listener = tokio::net::TcpListener::bind(("127.0.0.30", 0))
-        .await
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (seen_tx, mut seen_rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((sock, _)) = listener.accept().await {
-            let _ = seen_tx.send(());
-            held.push(sock);
-        }
-    });
+    // The attempt outlives the grace.
+    let (addr, connections) = never_answering("127.0.0.30").await;
     let sub = app.subscribe(&format!("http://{addr}/hook"), &["*"]).await;
     let sub_id = sub["sub_id"].as_str().unwrap().to_owned();
     app.send_event("slow.thing", json!({})).await;
-    tokio::time::timeout(DEADLINE, seen_rx.recv())
-        .await
-        .expect("the attempt reached the destination");
+    eventually("the attempt to reach the destination", || async {
+        (connections.load(Ordering::SeqCst) > 0).then_some(())
+    })
+    .await;
 
     let database = app.database.clone();
     let _database_kept = app.stop().await; // returns only after the grace and the release
@@ -77,20 +86,8 @@ async fn deliveries_claimed_ahead_wait_within_the_cap_and_go_back_at_shutdown(ba
     else {
         return;
     };
-    // Accepts and never answers: every request holds its connection.
-    let listener = tokio::net::TcpListener::bind(("127.0.0.31", 0))
-        .await
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    let connections = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let seen = connections.clone();
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((sock, _)) = listener.accept().await {
-            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            held.push(sock);
-        }
-    });
+    // Every request holds its connection.
+    let (addr, connections) = never_answering("127.0.0.31").await;
     let sub = app.subscribe(&format!("http://{addr}/hook"), &["*"]).await;
     let sub_id: hookd_domain::SubscriptionId = sub["sub_id"].as_str().unwrap().parse().unwrap();
     for i in 0..EVENTS {
@@ -119,13 +116,13 @@ async fn deliveries_claimed_ahead_wait_within_the_cap_and_go_back_at_shutdown(ba
     })
     .await;
     eventually("the cap's attempts at the destination", || async {
-        (connections.load(std::sync::atomic::Ordering::SeqCst) == CAP as usize).then_some(())
+        (connections.load(Ordering::SeqCst) == CAP as usize).then_some(())
     })
     .await;
 
     let _database_kept = app.stop().await;
     assert_eq!(
-        connections.load(std::sync::atomic::Ordering::SeqCst),
+        connections.load(Ordering::SeqCst),
         CAP as usize,
         "{claimed} were claimed, but only the cap's {CAP} reached the destination"
     );
