@@ -23,9 +23,15 @@
 //! dies (a panic in a store call), waiting requests get an error, never a
 //! hang, and the next ingest starts a new task.
 
-use std::sync::{Arc, Mutex};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
-use hookd_store::{Accepted, BatchOutcome, NewDelivery, NewEvent, Store, StoreError};
+use hookd_domain::delivery::DeliveryState;
+use hookd_store::{
+    Accepted, BatchOutcome, ClaimedDelivery, Delivery, Event, IngestClaim, Lease, NewDelivery,
+    NewEvent, Store, StoreError, Subscription,
+};
 use tokio::sync::{mpsc, oneshot};
 
 /// Most events in one transaction.
@@ -46,14 +52,39 @@ struct Pending {
     /// against, to be checked at the commit; `None`: that index was built
     /// after the request arrived, so the match is current already.
     matched_at: Option<i64>,
+    /// Per delivery, its subscription when the delivery may be claimed at
+    /// ingest (see [`IngestHandoff`]); empty when none may.
+    claimable: Vec<Option<Arc<Subscription>>>,
     reply: oneshot::Sender<Result<Committed, StoreError>>,
+}
+
+/// Where deliveries claimed at ingest go: the dispatcher of this process
+/// (§9.1's in-memory per-destination queue, fed from ingest as well as from
+/// the claim loop). A delivery so claimed is written `inflight` with its
+/// lease in the ingest transaction and handed over after the commit, so it
+/// is sent without a claim's round trip and without its row being written
+/// twice. The binary installs it when this process also dispatches.
+pub trait IngestHandoff: Send + Sync + std::fmt::Debug {
+    /// Who claims (the dispatcher's worker id).
+    fn worker_id(&self) -> &str;
+    /// How long a claim's lease lasts.
+    fn lease(&self) -> Duration;
+    /// Holds room for up to `n` new deliveries to `host` and returns for
+    /// how many; each reservation comes back through
+    /// [`hand_over`](Self::hand_over), whatever became of the batch.
+    fn reserve(&self, host: &str, n: u32) -> u32;
+    /// The deliveries created claimed, and the reservations they were
+    /// claimed under (host, count), all given back.
+    fn hand_over(&self, reserved: &[(String, u32)], claimed: Vec<ClaimedDelivery>);
 }
 
 /// What became of an event handed to the committer.
 #[derive(Debug)]
 pub(crate) enum Committed {
-    /// Committed (or found under its idempotency key).
-    Accepted(Accepted),
+    /// Committed (or found under its idempotency key), with how many of its
+    /// deliveries were created claimed and handed to the dispatcher (which
+    /// needs no wake for them).
+    Accepted(Accepted, usize),
     /// Not written: a subscription changed after the index its deliveries
     /// were matched against was built. Match again and resubmit.
     Stale(NewEvent),
@@ -64,6 +95,8 @@ pub(crate) enum Committed {
 pub(crate) struct Committer {
     /// The running task's queue; `None` until the first ingest.
     queue: Mutex<Option<mpsc::UnboundedSender<Pending>>>,
+    /// Set once, before the first ingest, when this process dispatches.
+    handoff: OnceLock<Arc<dyn IngestHandoff>>,
 }
 
 /// The committer task stopped before answering (it panicked): whether the
@@ -93,6 +126,7 @@ impl Committer {
         event: NewEvent,
         deliveries: Vec<NewDelivery>,
         matched_at: Option<i64>,
+        claimable: Vec<Option<Arc<Subscription>>>,
     ) -> Result<Committed, StoreError> {
         let (reply, answer) = oneshot::channel();
         let gone = || StoreError::Backend(Box::new(CommitterGone));
@@ -101,10 +135,22 @@ impl Committer {
                 event,
                 deliveries,
                 matched_at,
+                claimable,
                 reply,
             })
             .map_err(|_| gone())?;
         answer.await.map_err(|_| gone())?
+    }
+
+    /// Installs where deliveries claimed at ingest go (the first one set
+    /// stays; before the first ingest).
+    pub(crate) fn set_handoff(&self, handoff: Arc<dyn IngestHandoff>) {
+        let _ = self.handoff.set(handoff);
+    }
+
+    /// Whether deliveries may be claimed at ingest at all.
+    pub(crate) fn claims(&self) -> bool {
+        self.handoff.get().is_some()
     }
 
     /// The running task's queue, starting the task if there is none (first
@@ -118,7 +164,7 @@ impl Committer {
             Some(tx) if !tx.is_closed() => tx.clone(),
             _ => {
                 let (tx, rx) = mpsc::unbounded_channel();
-                tokio::spawn(run(store.clone(), rx));
+                tokio::spawn(run(store.clone(), self.handoff.get().cloned(), rx));
                 *queue = Some(tx.clone());
                 tx
             }
@@ -127,7 +173,11 @@ impl Committer {
 }
 
 /// The committer task: one batch at a time, until every sender is gone.
-async fn run(store: Arc<dyn Store>, mut rx: mpsc::UnboundedReceiver<Pending>) {
+async fn run(
+    store: Arc<dyn Store>,
+    handoff: Option<Arc<dyn IngestHandoff>>,
+    mut rx: mpsc::UnboundedReceiver<Pending>,
+) {
     // An event taken from the queue that did not fit the last batch.
     let mut next: Option<Pending> = None;
     loop {
@@ -156,7 +206,7 @@ async fn run(store: Arc<dyn Store>, mut rx: mpsc::UnboundedReceiver<Pending>) {
             while let Some(p) = events.next_if(|p| p.matched_at == matched_at) {
                 run.push(p);
             }
-            flush(store.as_ref(), run, matched_at).await;
+            flush(store.as_ref(), handoff.as_deref(), run, matched_at).await;
         }
     }
 }
@@ -193,17 +243,46 @@ impl Batch {
 
 /// Accepts a batch in one store call and answers each of its events: at
 /// `matched_at`, when given, see [`Pending::matched_at`].
-async fn flush(store: &dyn Store, batch: Vec<Pending>, matched_at: Option<i64>) {
+async fn flush(
+    store: &dyn Store,
+    handoff: Option<&dyn IngestHandoff>,
+    batch: Vec<Pending>,
+    matched_at: Option<i64>,
+) {
     let events = batch.len();
     metrics::histogram!("hookd_ingest_batch_size").record(events as f64);
+    let plan = handoff.map(|h| ClaimPlan::new(h, &batch));
     let (items, replies): (Vec<_>, Vec<_>) = batch
         .into_iter()
         .map(|p| ((p.event, p.deliveries), p.reply))
         .unzip();
-    let outcome = match matched_at {
-        Some(generation) => store.accept_events_at(generation, items).await,
-        None => store.accept_events(items).await.map(BatchOutcome::Accepted),
+    let (outcome, claimed) = match (&plan, matched_at) {
+        (Some(plan), _) if !plan.claim.deliveries.is_empty() => {
+            match store
+                .accept_events_claiming(matched_at, items, &plan.claim)
+                .await
+            {
+                Ok((outcome, leases)) => (Ok(outcome), leases),
+                Err(e) => (Err(e), Vec::new()),
+            }
+        }
+        (_, Some(generation)) => (store.accept_events_at(generation, items).await, Vec::new()),
+        (_, None) => (
+            store.accept_events(items).await.map(BatchOutcome::Accepted),
+            Vec::new(),
+        ),
     };
+    // Every reservation goes back, with whatever was claimed under it.
+    let mut per_event: HashMap<hookd_domain::EventId, usize> = HashMap::new();
+    if let (Some(handoff), Some(mut plan)) = (handoff, plan) {
+        let reserved = std::mem::take(&mut plan.reserved);
+        let claimed = plan.claimed(claimed);
+        for c in &claimed {
+            *per_event.entry(c.event.id).or_default() += 1;
+        }
+        metrics::counter!("hookd_ingest_claimed_total").increment(claimed.len() as u64);
+        handoff.hand_over(&reserved, claimed);
+    }
     match outcome {
         Ok(BatchOutcome::GenerationMoved(items)) => {
             for (reply, (event, _)) in replies.into_iter().zip(items) {
@@ -214,7 +293,14 @@ async fn flush(store: &dyn Store, batch: Vec<Pending>, matched_at: Option<i64>) 
             for (reply, result) in replies.into_iter().zip(results) {
                 // The request may have gone away; its event is accepted all
                 // the same.
-                let _ = reply.send(result.map(Committed::Accepted));
+                let _ = reply.send(result.map(|a| {
+                    let claimed = if a.duplicate {
+                        0
+                    } else {
+                        per_event.get(&a.event_id).copied().unwrap_or(0)
+                    };
+                    Committed::Accepted(a, claimed)
+                }));
             }
         }
         Ok(BatchOutcome::Accepted(results)) => {
@@ -228,6 +314,115 @@ async fn flush(store: &dyn Store, batch: Vec<Pending>, matched_at: Option<i64>) 
             answer_all(replies, e);
         }
         Err(e) => answer_all(replies, e),
+    }
+}
+
+/// Which deliveries of a batch to create claimed, the room reserved for
+/// them, and what the dispatcher needs to send each.
+struct ClaimPlan {
+    claim: IngestClaim,
+    /// (host, count) reserved with the handoff.
+    reserved: Vec<(String, u32)>,
+    /// Per delivery named in `claim`: its event (a copy: the batch goes to
+    /// the store) and subscription.
+    parts: HashMap<hookd_domain::DeliveryId, (Arc<Event>, NewDelivery, Arc<Subscription>)>,
+}
+
+impl ClaimPlan {
+    /// Reserves room per host for the batch's claimable deliveries, first
+    /// come first served, and names as many as each host got.
+    fn new(handoff: &dyn IngestHandoff, batch: &[Pending]) -> Self {
+        let mut wanted: Vec<(&str, u32)> = Vec::new();
+        for p in batch {
+            for (d, sub) in p.deliveries.iter().zip(&p.claimable) {
+                if sub.is_some() {
+                    match wanted.iter_mut().find(|(h, _)| *h == d.destination_host) {
+                        Some((_, n)) => *n += 1,
+                        None => wanted.push((d.destination_host.as_str(), 1)),
+                    }
+                }
+            }
+        }
+        let mut left: HashMap<&str, u32> = HashMap::new();
+        let mut reserved = Vec::new();
+        for (host, n) in wanted {
+            let got = handoff.reserve(host, n);
+            if got > 0 {
+                left.insert(host, got);
+                reserved.push((host.to_owned(), got));
+            }
+        }
+        let now = chrono::Utc::now();
+        let mut deliveries = HashSet::new();
+        let mut parts = HashMap::new();
+        for p in batch {
+            let mut event: Option<Arc<Event>> = None;
+            for (d, sub) in p.deliveries.iter().zip(&p.claimable) {
+                let Some(sub) = sub else { continue };
+                let Some(n) = left
+                    .get_mut(d.destination_host.as_str())
+                    .filter(|n| **n > 0)
+                else {
+                    continue;
+                };
+                *n -= 1;
+                let event = event.get_or_insert_with(|| {
+                    Arc::new(Event {
+                        id: p.event.id,
+                        event_type: p.event.event_type.clone(),
+                        payload: p.event.payload.clone(),
+                        idempotency_key: p.event.idempotency_key.clone(),
+                        customer_id: p.event.customer_id.clone(),
+                        created_at: now,
+                    })
+                });
+                deliveries.insert(d.id);
+                parts.insert(d.id, (event.clone(), d.clone(), sub.clone()));
+            }
+        }
+        Self {
+            claim: IngestClaim {
+                worker_id: handoff.worker_id().to_owned(),
+                lease: handoff.lease(),
+                deliveries,
+            },
+            reserved,
+            parts,
+        }
+    }
+
+    /// What the dispatcher sends for each lease the store returned: the
+    /// delivery as the store wrote it (`inflight`, attempt 0, due and
+    /// created now), its event and its subscription as matched, which the
+    /// commit's generation check says is the subscription as it is now.
+    fn claimed(mut self, leases: Vec<Lease>) -> Vec<ClaimedDelivery> {
+        let now = chrono::Utc::now();
+        leases
+            .into_iter()
+            .filter_map(|lease| {
+                let (event, d, sub) = self.parts.remove(&lease.delivery_id)?;
+                Some(ClaimedDelivery {
+                    lease,
+                    delivery: Delivery {
+                        id: d.id,
+                        event_id: event.id,
+                        sub_id: d.sub_id,
+                        event_type: event.event_type.clone(),
+                        destination_host: d.destination_host,
+                        state: DeliveryState::Inflight,
+                        attempt: 0,
+                        next_attempt_at: event.created_at,
+                        last_status: None,
+                        last_error: None,
+                        created_at: event.created_at,
+                        window_start: event.created_at,
+                        updated_at: now,
+                    },
+                    event: Event::clone(&event),
+                    subscription: Subscription::clone(&sub),
+                })
+            })
+            .collect()
     }
 }
 

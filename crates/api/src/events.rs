@@ -136,6 +136,7 @@ pub(crate) async fn create(
         None => (fanout_cache.current(state.store()).await?, None),
     };
     let mut deliveries = match_deliveries(&state, &built, &event_type, customer_id.as_ref())?;
+    let mut claimable = claimable_of(&state, &built, &deliveries);
     let mut event = NewEvent {
         id: EventId::new(),
         event_type,
@@ -145,15 +146,21 @@ pub(crate) async fn create(
     };
     // With whatever other events are being posted: one transaction for all
     // of them, and this answer only after it committed.
-    let (accepted, fanout) = loop {
+    let (accepted, fanout, claimed) = loop {
         let fanout = deliveries.len();
         match state
             .inner
             .committer
-            .accept(&state.inner.store, event, deliveries, matched_at.take())
+            .accept(
+                &state.inner.store,
+                event,
+                deliveries,
+                matched_at.take(),
+                std::mem::take(&mut claimable),
+            )
             .await?
         {
-            Committed::Accepted(accepted) => break (accepted, fanout),
+            Committed::Accepted(accepted, claimed) => break (accepted, fanout, claimed),
             // A subscription changed since the index was built: nothing was
             // written. Match again against an index as of now.
             Committed::Stale(back) => {
@@ -165,6 +172,7 @@ pub(crate) async fn create(
                     &event.event_type,
                     event.customer_id.as_ref(),
                 )?;
+                claimable = claimable_of(&state, &built, &deliveries);
             }
         }
     };
@@ -176,7 +184,9 @@ pub(crate) async fn create(
         metrics::counter!("hookd_events_accepted_total").increment(1);
         metrics::counter!("hookd_deliveries_created_total").increment(fanout as u64);
         tracing::debug!(event_id = %accepted.event_id, deliveries = fanout, "event accepted");
-        if fanout > 0 {
+        // Deliveries claimed at ingest are the dispatcher's already; the
+        // rest wait in the store for its next pass.
+        if fanout > claimed {
             state.wake().notify_one();
         }
     }
@@ -216,6 +226,27 @@ fn match_deliveries(
         return Err(ApiError::Shedding(shedding));
     }
     Ok(deliveries)
+}
+
+/// Per delivery, its subscription if the delivery may be claimed at ingest
+/// (`committer::IngestHandoff`; the committer asks the dispatcher how many
+/// of them it takes). Empty when this process does not dispatch, or for a
+/// fan-out wider than the default lazy threshold: the store writes such an
+/// event lazily (§9.2), and a lazy event's deliveries are never claimed.
+fn claimable_of(
+    state: &AppState,
+    built: &BuiltIndex,
+    deliveries: &[NewDelivery],
+) -> Vec<Option<std::sync::Arc<hookd_store::Subscription>>> {
+    if !state.inner.committer.claims()
+        || deliveries.len() > hookd_store::LazyFanout::DEFAULT.threshold
+    {
+        return Vec::new();
+    }
+    deliveries
+        .iter()
+        .map(|d| built.claimable.get(&d.sub_id).cloned())
+        .collect()
 }
 
 /// `GET /events/{id}`.

@@ -17,11 +17,14 @@
 //! after it arrived*, so a burst costs one read, and no request can see a
 //! generation older than its own arrival.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use hookd_domain::SubscriptionId;
 use hookd_domain::matching::{FanoutTarget, SubscriptionIndex};
-use hookd_store::Store;
+use hookd_domain::subscription::SubscriptionState;
+use hookd_store::{Store, Subscription};
 
 use crate::error::ApiError;
 
@@ -34,6 +37,12 @@ pub(crate) struct BuiltIndex {
     generation: Option<i64>,
     /// The index itself.
     pub(crate) index: SubscriptionIndex,
+    /// The subscriptions whose new deliveries may be claimed at ingest
+    /// (`committer::IngestHandoff`), as loaded: active, unordered (their
+    /// order is the claim's to keep), and with no explicit rate limit or
+    /// concurrency cap (the dispatcher learns those from the claim loop's
+    /// listing, so their destinations go through it).
+    pub(crate) claimable: HashMap<SubscriptionId, Arc<Subscription>>,
 }
 
 /// The current index, shared by every request of this node.
@@ -143,9 +152,20 @@ impl FanoutCache {
             subscriptions = index.len(),
             "fan-out index rebuilt"
         );
+        let claimable = subs
+            .into_iter()
+            .filter(|s| {
+                s.state == SubscriptionState::Active
+                    && !s.ordered
+                    && s.rate_limit.is_none()
+                    && s.max_concurrency.is_none()
+            })
+            .map(|s| (s.id, Arc::new(s)))
+            .collect();
         let built = Arc::new(BuiltIndex {
             generation: Some(generation),
             index,
+            claimable,
         });
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = built.clone();
         Ok(built)

@@ -68,6 +68,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 pub use auth::{AuthFailureLimit, hash_token};
+pub use committer::IngestHandoff;
 pub use error::ApiError;
 pub use health::{DestinationState, DestinationView};
 pub use openapi::document as openapi_document;
@@ -185,6 +186,15 @@ impl AppState {
     /// effect.
     pub fn set_destination_state(&self, lookup: DestinationState) {
         self.inner.destination_state.set(lookup);
+    }
+
+    /// Lets ingest create deliveries already claimed for this process's
+    /// dispatcher and hand them to it after the commit
+    /// ([`IngestHandoff`]). Without it every delivery is written pending for
+    /// the claim loop. Only the first call has an effect; before the first
+    /// ingest.
+    pub fn set_ingest_handoff(&self, handoff: Arc<dyn IngestHandoff>) {
+        self.inner.committer.set_handoff(handoff);
     }
 
     fn destination_state(&self, host: &str) -> Option<DestinationView> {

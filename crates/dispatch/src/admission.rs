@@ -59,6 +59,9 @@ struct HostState {
     /// smallest `max_concurrency` among them (or of the configured default
     /// when none sets one).
     concurrency: u32,
+    /// The cap that share was taken of, kept so a change in the number of
+    /// live nodes re-divides it even before the next plan.
+    cap: u32,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -173,6 +176,7 @@ impl Admission {
         .unwrap_or(self.config.concurrency);
         // Several worker nodes each take their share, so the host's cap
         // holds across them (issue 8).
+        h.cap = cap;
         let share = node_share(cap, self.live_nodes());
         if share != h.concurrency {
             h.concurrency = share;
@@ -294,6 +298,37 @@ impl Admission {
             .healthy(now)
     }
 
+    /// Whether `due` holds a backlog (R4): a subscription whose oldest due
+    /// delivery is older than the backlog age. New work must not pass such
+    /// a host's backlog at ingest: the claim loop gives the backlog its
+    /// floor there.
+    pub fn has_backlog(&self, due: &DueDestination) -> bool {
+        let cut = self.clock.now() - self.backlog_age;
+        due.subscriptions.iter().any(|s| s.oldest_due_at < cut)
+    }
+
+    /// How many new deliveries to `host` may be claimed at ingest now
+    /// ([`ingest_room`](DestinationAdmission::ingest_room)). 0 for a
+    /// destination no plan has seen yet: its cap and rate come from the
+    /// subscriptions with due work there, so its first deliveries go through
+    /// the claim loop.
+    pub fn ingest_room(&self, host: &str) -> u32 {
+        let now = self.clock.now();
+        let live = self.live_nodes();
+        let mut hosts = self.hosts.lock().unwrap();
+        let Some(h) = hosts.get_mut(host) else {
+            return 0;
+        };
+        // The cap as last planned, divided among the nodes live now: a node
+        // that joined since must not find this one over its share.
+        let share = node_share(h.cap, live);
+        if share != h.concurrency {
+            h.concurrency = share;
+            h.destination.set_concurrency(share);
+        }
+        h.destination.ingest_room(now)
+    }
+
     /// Adopts another node's "this destination's circuit opened" (R1).
     /// Returns whether it changed anything.
     pub fn force_open(&self, host: &str) -> bool {
@@ -339,6 +374,7 @@ impl Admission {
                 turn: 0,
                 rate_limit: None,
                 concurrency: self.config.concurrency,
+                cap: self.config.concurrency,
             };
             hosts.insert(Arc::from(host), state);
         }

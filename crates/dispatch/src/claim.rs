@@ -1,8 +1,8 @@
 //! The claim loop: find destinations with due work, claim what admission
 //! allows, and run each attempt as a tracked task.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use hookd_domain::isolation::{AttemptOutcome, CircuitTransition, OutcomeKind};
@@ -61,6 +61,9 @@ pub(crate) struct Inner {
     slot_freed: Notify,
     /// Told about finished attempts and 410s; set once by the binary.
     observer: std::sync::OnceLock<Arc<dyn Observer>>,
+    /// The run in progress, for deliveries claimed at ingest; empty while
+    /// none runs (before `run`, after claiming stopped, `dispatch_once`).
+    current: Mutex<Weak<Run>>,
 }
 
 impl Inner {
@@ -98,6 +101,23 @@ struct Run {
     /// A delivery that waited this long goes back to the store unsent: it
     /// must start well within its lease (see [`max_wait`]).
     max_wait: Duration,
+    /// The hosts the last pass found a backlog at: no delivery to them is
+    /// claimed at ingest, so new work never passes a backlog (R4's floor is
+    /// the claim loop's to give).
+    listed: Mutex<Listed>,
+    /// Whether the last pass found due work in the store: only then can a
+    /// freed slot let the claim loop start more, so only then does a
+    /// finishing attempt wake it. Work that arrives later wakes it through
+    /// ingest's wake, or becomes due by time (the poll).
+    due_work: std::sync::atomic::AtomicBool,
+}
+
+/// The hosts the last claim pass listed with a backlog.
+#[derive(Default)]
+struct Listed {
+    backlogged: HashSet<String>,
+    /// The listing was cut at its limit: any host may have a backlog.
+    all: bool,
 }
 
 /// Deliveries claimed ahead of a free slot (§9.1), by destination host, each
@@ -106,6 +126,10 @@ struct Run {
 struct Waiting {
     by_host: HashMap<String, VecDeque<Ready>>,
     total: usize,
+    /// Room held for deliveries being claimed at ingest, by host, until
+    /// their commit hands them over (or fails).
+    reserved: HashMap<String, u32>,
+    reserved_total: usize,
 }
 
 /// One delivery claimed ahead.
@@ -125,6 +149,32 @@ fn max_wait(cfg: &DispatchConfig) -> Duration {
         .saturating_sub(cfg.attempt_timeout)
         .saturating_sub(cfg.renew_every)
         / 2
+}
+
+impl Waiting {
+    fn waiting_at(&self, host: &str) -> u32 {
+        let queued = self.by_host.get(host).map_or(0, VecDeque::len);
+        u32::try_from(queued)
+            .unwrap_or(u32::MAX)
+            .saturating_add(self.reserved.get(host).copied().unwrap_or(0))
+    }
+
+    fn room(&self, max_waiting: usize) -> u32 {
+        let held = self.total + self.reserved_total;
+        u32::try_from(max_waiting.saturating_sub(held)).unwrap_or(u32::MAX)
+    }
+
+    /// Lets go of `n` reserved for `host`.
+    fn unreserve(&mut self, host: &str, n: u32) {
+        if let Some(r) = self.reserved.get_mut(host) {
+            let n = n.min(*r);
+            *r -= n;
+            self.reserved_total = self.reserved_total.saturating_sub(n as usize);
+            if *r == 0 {
+                self.reserved.remove(host);
+            }
+        }
+    }
 }
 
 impl Run {
@@ -150,20 +200,64 @@ impl Run {
             waiting: Mutex::new(Waiting::default()),
             max_waiting,
             max_wait,
+            listed: Mutex::new(Listed::default()),
+            due_work: std::sync::atomic::AtomicBool::new(true),
         });
         (run, recording)
     }
 
-    /// Deliveries waiting for `host`.
+    /// Deliveries waiting for `host`, and room held for it at ingest.
     fn waiting_at(&self, host: &str) -> u32 {
         let w = self.waiting.lock().unwrap();
-        u32::try_from(w.by_host.get(host).map_or(0, VecDeque::len)).unwrap_or(u32::MAX)
+        w.waiting_at(host)
     }
 
     /// Room left to claim ahead, across all destinations.
     fn room(&self) -> u32 {
         let w = self.waiting.lock().unwrap();
-        u32::try_from(self.max_waiting.saturating_sub(w.total)).unwrap_or(u32::MAX)
+        w.room(self.max_waiting)
+    }
+
+    /// Notes the hosts a pass found a backlog at (in `due`, cut at its
+    /// limit when `cut`).
+    fn set_listed(&self, inner: &Inner, due: &[hookd_store::DueDestination], cut: bool) {
+        let mut l = self.listed.lock().unwrap();
+        l.backlogged.clear();
+        l.backlogged.extend(
+            due.iter()
+                .filter(|d| inner.admission.has_backlog(d))
+                .map(|d| d.host.clone()),
+        );
+        l.all = cut;
+    }
+
+    /// Holds room for up to `n` new deliveries to `host` being claimed at
+    /// ingest, and returns how many: none while the host has a backlog in
+    /// the store (or may have), while claiming stops, or beyond what
+    /// admission lets it start now and the room to wait allows. Young due
+    /// work at the host may be passed: among young deliveries the order is
+    /// first come first served only loosely anyway (several claims per
+    /// pass), and once it is older than the backlog age the host is
+    /// listed with a backlog and nothing passes it.
+    fn reserve(&self, inner: &Inner, host: &str, n: u32) -> u32 {
+        if n == 0 || self.max_waiting == 0 || self.stopping.is_cancelled() {
+            return 0;
+        }
+        {
+            let l = self.listed.lock().unwrap();
+            if l.all || l.backlogged.contains(host) {
+                return 0;
+            }
+        }
+        let admitted = inner.admission.ingest_room(host);
+        let mut w = self.waiting.lock().unwrap();
+        let here = admitted.saturating_sub(w.waiting_at(host));
+        let granted = n.min(here).min(w.room(self.max_waiting));
+        if granted > 0 {
+            *w.reserved.entry(host.to_owned()).or_default() += granted;
+            w.reserved_total += granted as usize;
+        }
+        granted
     }
 
     fn push_waiting(&self, host: &str, claimed: ClaimedDelivery, order: ClaimOrder) {
@@ -327,6 +421,7 @@ impl Dispatcher {
                 wake,
                 slot_freed: Notify::new(),
                 observer: std::sync::OnceLock::new(),
+                current: Mutex::new(Weak::new()),
             }),
         })
     }
@@ -357,12 +452,73 @@ impl Dispatcher {
         &self.inner.admission
     }
 
+    /// Holds room for `n` new deliveries to `host` that ingest is about to
+    /// create already claimed ([`Store::accept_events_claiming`]), and
+    /// returns for how many: while this dispatcher
+    /// runs and claims ahead, for a healthy destination admission has seen,
+    /// with no due work in the store, within what it may take now and the
+    /// room to wait. Every reservation must be given back through
+    /// [`hand_over`](Self::hand_over), with or without deliveries.
+    pub fn reserve_at_ingest(&self, host: &str, n: u32) -> u32 {
+        let run = self.inner.current.lock().unwrap().upgrade();
+        run.map_or(0, |run| run.reserve(&self.inner, host, n))
+    }
+
+    /// Takes deliveries claimed at ingest and lets go of the `reserved`
+    /// room (host, count) they were claimed under: each starts as soon as
+    /// admission lets it (most at once) or waits in memory like a delivery
+    /// claimed ahead. If claiming has stopped meanwhile they go back to the
+    /// store (`release`); their leases would expire anyway.
+    pub fn hand_over(&self, reserved: &[(String, u32)], claimed: Vec<ClaimedDelivery>) {
+        let inner = &self.inner;
+        let run = inner.current.lock().unwrap().upgrade();
+        let Some(run) = run.filter(|r| !r.stopping.is_cancelled()) else {
+            let leases: Vec<Lease> = claimed.iter().map(|c| c.lease).collect();
+            if !leases.is_empty() {
+                let inner = inner.clone();
+                tokio::spawn(async move { give_back(&inner, &leases).await });
+            }
+            return;
+        };
+        let mut hosts: Vec<String> = Vec::with_capacity(reserved.len());
+        {
+            let mut w = run.waiting.lock().unwrap();
+            for (host, n) in reserved {
+                w.unreserve(host, *n);
+            }
+            let since = tokio::time::Instant::now();
+            for c in claimed {
+                let host = c.delivery.destination_host.clone();
+                if !hosts.contains(&host) {
+                    hosts.push(host.clone());
+                }
+                w.by_host.entry(host).or_default().push_back(Ready {
+                    claimed: c,
+                    order: ClaimOrder::OldestFirst,
+                    since,
+                });
+                w.total += 1;
+            }
+            metrics::gauge!("hookd_claimed_ahead").set(w.total as f64);
+        }
+        let mut back = Vec::new();
+        for host in &hosts {
+            back.append(&mut run.pump(inner, host));
+        }
+        if !back.is_empty() {
+            let inner = inner.clone();
+            run.tracker
+                .spawn(async move { give_back(&inner, &back).await });
+        }
+    }
+
     /// Runs until `shutdown` is cancelled: then stops claiming at once, lets
     /// in-flight attempts finish within the grace period, cuts off the rest
     /// and releases their deliveries (their leases would expire anyway; this
     /// only makes them claimable sooner).
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), StoreError> {
         let (run, recording) = Run::new(&self.inner, shutdown.clone(), true);
+        *self.inner.current.lock().unwrap() = Arc::downgrade(&run);
         let cfg = &self.inner.config;
         let mut next_reclaim = tokio::time::Instant::now();
         let mut backoff = Duration::ZERO;
@@ -416,6 +572,7 @@ impl Dispatcher {
             }
         }
 
+        *self.inner.current.lock().unwrap() = Weak::new();
         run.tracker.close();
         tracing::info!(
             in_flight = run.tracker.len(),
@@ -487,6 +644,9 @@ impl Dispatcher {
             return Ok(pass);
         }
         let due = inner.store.due_destinations(DESTINATIONS_PER_PASS).await?;
+        run.set_listed(inner, &due, due.len() >= DESTINATIONS_PER_PASS as usize);
+        run.due_work
+            .store(!due.is_empty(), std::sync::atomic::Ordering::Relaxed);
         // Plan every destination first (in memory), then claim for all of
         // them at once: one store call per pass, not one per destination.
         // Each plan sees the global slots (and the room to wait) the plans
@@ -645,9 +805,12 @@ async fn run_attempt(inner: &Arc<Inner>, job: Job, run: &Arc<Run>) {
     let recording = inner.recording.acquire().await.ok();
     drop(global);
     // The slot this attempt held goes to what waits for its destination,
-    // at once; the claim loop is told too, for every other destination.
+    // at once; the claim loop is told too when the store has due work, for
+    // every other destination.
     let back = run.pump(inner, &delivery.destination_host);
-    inner.slot_freed.notify_one();
+    if run.due_work.load(std::sync::atomic::Ordering::Relaxed) {
+        inner.slot_freed.notify_one();
+    }
     give_back(inner, &back).await;
     crash_points_before_record(&decision.record.next);
     let disable = decision.disable_subscription;

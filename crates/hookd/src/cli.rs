@@ -234,6 +234,11 @@ pub struct ServeArgs {
     /// event.
     #[arg(long, env = "HOOKD_LAZY_FANOUT_THRESHOLD", default_value_t = hookd_store::LazyFanout::DEFAULT.threshold)]
     lazy_fanout_threshold: usize,
+    /// Write every new delivery pending for the claim loop, instead of
+    /// creating those this node's dispatcher can send at once already
+    /// claimed by it (with `--role all`; for comparison and diagnosis).
+    #[arg(long, env = "HOOKD_NO_INGEST_CLAIMS")]
+    no_ingest_claims: bool,
 }
 
 impl Cli {
@@ -348,6 +353,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.retention.deliveries = args.retain_deliveries;
     config.retention.events = args.retain_events;
     config.lazy_fanout.threshold = args.lazy_fanout_threshold;
+    config.ingest_claims = !args.no_ingest_claims;
     config.role = args.role.into();
     config.nodes = crate::cluster::NodesConfig {
         heartbeat_every: args.heartbeat_every,

@@ -76,6 +76,10 @@ pub struct AppConfig {
     pub role: NodeRole,
     /// Heartbeats: how often, and how long a node counts as live.
     pub nodes: NodesConfig,
+    /// Whether ingest creates the deliveries this node's dispatcher can send
+    /// at once already claimed by it (`--no-ingest-claims` turns it off);
+    /// only with `--role all`.
+    pub ingest_claims: bool,
 }
 
 impl AppConfig {
@@ -95,6 +99,7 @@ impl AppConfig {
             lazy_fanout: LazyFanout::DEFAULT,
             role: NodeRole::All,
             nodes: NodesConfig::default(),
+            ingest_claims: true,
         }
     }
 }
@@ -348,6 +353,31 @@ fn destination_state(dispatcher: &Dispatcher) -> hookd_api::DestinationState {
     })
 }
 
+/// Ingest's deliveries claimed for this node's dispatcher (§9.1, fed from
+/// ingest): the API's seam, the dispatcher's queues.
+#[derive(Debug)]
+struct DispatchHandoff {
+    dispatcher: Dispatcher,
+}
+
+impl hookd_api::IngestHandoff for DispatchHandoff {
+    fn worker_id(&self) -> &str {
+        &self.dispatcher.config().worker_id
+    }
+
+    fn lease(&self) -> std::time::Duration {
+        self.dispatcher.config().lease
+    }
+
+    fn reserve(&self, host: &str, n: u32) -> u32 {
+        self.dispatcher.reserve_at_ingest(host, n)
+    }
+
+    fn hand_over(&self, reserved: &[(String, u32)], claimed: Vec<hookd_store::ClaimedDelivery>) {
+        self.dispatcher.hand_over(reserved, claimed);
+    }
+}
+
 fn sha256(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
@@ -441,6 +471,11 @@ impl App {
             state.set_metrics(render_metrics(handle, &dispatcher));
         }
         state.set_destination_state(destination_state(&dispatcher));
+        if config.ingest_claims && config.role == NodeRole::All {
+            state.set_ingest_handoff(Arc::new(DispatchHandoff {
+                dispatcher: dispatcher.clone(),
+            }));
+        }
         dispatcher.set_observer(Arc::new(MonitorObserver {
             state: state.clone(),
         }));

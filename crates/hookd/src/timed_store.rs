@@ -16,10 +16,11 @@ use async_trait::async_trait;
 use hookd_domain::{DeliveryId, EventId, JobId, SubscriptionId, Timestamp};
 use hookd_store::{
     Accepted, AttemptRecord, Backlog, BatchOutcome, ClaimRequest, ClaimedDelivery, DailyStats,
-    Delivery, DeliveryDetail, DeliveryQuery, DueDestination, DueWork, Event, FoundToken, JobStep,
-    Lease, NewDelivery, NewEvent, NewReplayJob, NewSubscription, NewToken, Notice, RaisedSignal,
-    RecordOutcome, ReplayJob, Result, RetentionPolicy, RetentionReport, SchemaStatus, SignalKind,
-    Store, StoreError, Subscription, SubscriptionHealth, SubscriptionPatch, SubscriptionQuery,
+    Delivery, DeliveryDetail, DeliveryQuery, DueDestination, DueWork, Event, FoundToken,
+    IngestClaim, JobStep, Lease, NewDelivery, NewEvent, NewReplayJob, NewSubscription, NewToken,
+    Notice, RaisedSignal, RecordOutcome, ReplayJob, Result, RetentionPolicy, RetentionReport,
+    SchemaStatus, SignalKind, Store, StoreError, Subscription, SubscriptionHealth,
+    SubscriptionPatch, SubscriptionQuery,
 };
 
 /// The store operations, one per [`Store`] method, in trait order.
@@ -267,6 +268,19 @@ impl Store for TimedStore {
         self.timed(
             Op::AcceptEvents,
             self.inner.accept_events_at(generation, batch),
+        )
+        .await
+    }
+
+    async fn accept_events_claiming(
+        &self,
+        generation: Option<i64>,
+        batch: Vec<(NewEvent, Vec<NewDelivery>)>,
+        claim: &IngestClaim,
+    ) -> Result<(BatchOutcome, Vec<Lease>)> {
+        self.timed(
+            Op::AcceptEvents,
+            self.inner.accept_events_claiming(generation, batch, claim),
         )
         .await
     }

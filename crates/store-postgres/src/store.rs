@@ -12,10 +12,10 @@ use hookd_domain::{DeliveryId, EventId, JobId, SubscriptionId, Timestamp};
 use hookd_store::{
     Accepted, Attempt, AttemptRecord, Backlog, BatchOutcome, ClaimOrder, ClaimRequest,
     ClaimedDelivery, DailyStats, Delivery, DeliveryDetail, DeliveryQuery, DueDestination,
-    DueSubscription, Event, JobStep, Lease, NewDelivery, NewEvent, NewReplayJob, NewSubscription,
-    NewToken, NextState, Notice, RaisedSignal, RecordOutcome, ReplayJob, Result, RetentionPolicy,
-    RetentionReport, SignalKind, Store, StoreError, StreakChange, Subscription, SubscriptionHealth,
-    SubscriptionPatch, SubscriptionQuery, TokenScope,
+    DueSubscription, Event, IngestClaim, JobStep, Lease, NewDelivery, NewEvent, NewReplayJob,
+    NewSubscription, NewToken, NextState, Notice, RaisedSignal, RecordOutcome, ReplayJob, Result,
+    RetentionPolicy, RetentionReport, SignalKind, Store, StoreError, StreakChange, Subscription,
+    SubscriptionHealth, SubscriptionPatch, SubscriptionQuery, TokenScope,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{Postgres, Row, Transaction};
@@ -373,25 +373,27 @@ impl PgStore {
         &self,
         batch: &[(NewEvent, Vec<NewDelivery>)],
         generation: Option<i64>,
-    ) -> Result<Option<Vec<Result<Accepted>>>> {
+        claim: Option<&IngestClaim>,
+    ) -> Result<Option<(Vec<Result<Accepted>>, Vec<Lease>)>> {
         if batch.is_empty() {
-            return Ok(Some(Vec::new()));
+            return Ok(Some((Vec::new(), Vec::new())));
         }
         let results = self
             .bounded(with_partitions(self, || async move {
                 let writes = self.writes();
-                // Every event written here as rows: the one-call path.
+                // Every event written here as rows: the one-call path, the
+                // only one that creates deliveries claimed.
                 let fast = if matches!(writes, Writes::Here(_))
                     && !batch.iter().any(|(_, ds)| writes.is_lazy(ds.len()))
                 {
-                    accept_in_one_call(self, batch, generation).await
+                    accept_in_one_call(self, batch, generation, claim).await
                 } else {
                     let mut tx = begin(self).await?;
                     if generation_moved(&mut tx, generation).await? {
                         return Ok(None);
                     }
                     match insert_events(&mut tx, batch, writes).await {
-                        Ok(results) => commit(tx).await.map(|()| Some(results)),
+                        Ok(results) => commit(tx).await.map(|()| Some((results, Vec::new()))),
                         Err(e) => Err(e),
                     }
                 };
@@ -408,10 +410,10 @@ impl PgStore {
                 }
                 let results = insert_events_one_by_one(&mut tx, batch, self.writes()).await?;
                 commit(tx).await?;
-                Ok(Some(results))
+                Ok(Some((results, Vec::new())))
             }))
             .await?;
-        let Some(results) = results else {
+        let Some((results, leases)) = results else {
             return Ok(None);
         };
         let written: usize = batch
@@ -421,7 +423,7 @@ impl PgStore {
             .map(|((_, ds), _)| self.rows_now(ds.len()))
             .sum();
         self.wrote_deliveries(written);
-        Ok(Some(results))
+        Ok(Some((results, leases)))
     }
 }
 
@@ -717,7 +719,8 @@ async fn accept_in_one_call(
     store: &PgStore,
     batch: &[(NewEvent, Vec<NewDelivery>)],
     generation: Option<i64>,
-) -> Result<Option<Vec<Result<Accepted>>>> {
+    claim: Option<&IngestClaim>,
+) -> Result<Option<(Vec<Result<Accepted>>, Vec<Lease>)>> {
     let first = first_with_key(batch);
     let heads: Vec<&(NewEvent, Vec<NewDelivery>)> = candidates(batch, &first).collect();
     let events: Vec<&NewEvent> = heads.iter().map(|(e, _)| e).collect();
@@ -727,9 +730,16 @@ async fn accept_in_one_call(
         .collect();
     let (ev_id, ev_type, ev_payload, ev_key, ev_customer) = event_columns(&events);
     let (d_id, d_event, d_sub, d_type, d_host) = delivery_columns(&rows);
+    // Which rows to create claimed; none (NULL) without a claim.
+    let d_claimed: Option<Vec<bool>> = claim.filter(|c| !c.deliveries.is_empty()).map(|c| {
+        rows.iter()
+            .map(|(_, d)| c.deliveries.contains(&d.id))
+            .collect()
+    });
     let inserted: Vec<Uuid> = match sqlx::query_scalar(
         "SELECT id FROM hookd_accept_batch($1::bigint, $2::uuid[], $3::text[], $4::text[], \
-         $5::text[], $6::text[], $7::uuid[], $8::uuid[], $9::uuid[], $10::text[], $11::text[]) AS id",
+         $5::text[], $6::text[], $7::uuid[], $8::uuid[], $9::uuid[], $10::text[], $11::text[], \
+         $12::boolean[], $13::text, make_interval(secs => $14::float8)) AS id",
     )
     .bind(generation)
     .bind(ev_id)
@@ -742,6 +752,9 @@ async fn accept_in_one_call(
     .bind(d_sub)
     .bind(d_type)
     .bind(d_host)
+    .bind(&d_claimed)
+    .bind(claim.map(|c| c.worker_id.as_str()))
+    .bind(claim.map_or(0.0, |c| c.lease.as_secs_f64()))
     .fetch_all(&store.pool)
     .await
     {
@@ -752,11 +765,29 @@ async fn accept_in_one_call(
         Err(e) => return Err(map(e)),
     };
     let inserted: std::collections::HashSet<Uuid> = inserted.into_iter().collect();
+    // A claimed row was written exactly when its event was.
+    let leases = match &d_claimed {
+        Some(claimed) => rows
+            .iter()
+            .zip(claimed)
+            .filter(|((e, _), c)| **c && inserted.contains(e.id.as_uuid()))
+            .map(|((_, d), _)| Lease {
+                delivery_id: d.id,
+                token: INGEST_CLAIM_TOKEN,
+            })
+            .collect(),
+        None => Vec::new(),
+    };
     let holders = holders_of(&store.pool, &events, &inserted).await?;
-    Ok(Some(
+    Ok(Some((
         sort_out(batch, &first, &inserted, &holders, store.writes()).results,
-    ))
+        leases,
+    )))
 }
+
+/// The lease token of a delivery created claimed (migration 0014): the one
+/// its first claim would have written (claims add 1 to the initial 0).
+const INGEST_CLAIM_TOKEN: i64 = 1;
 
 /// Accepts a batch in `tx`, all or nothing: the fast path of
 /// [`Store::accept_events`] when some event is not written as rows here
@@ -1328,8 +1359,10 @@ impl Store for PgStore {
         &self,
         batch: Vec<(NewEvent, Vec<NewDelivery>)>,
     ) -> Result<Vec<Result<Accepted>>> {
-        let results = self.accept_batch(&batch, None).await?;
-        results.ok_or_else(|| StoreError::Corrupt("no generation was asked for".into()))
+        let results = self.accept_batch(&batch, None, None).await?;
+        results
+            .map(|(results, _)| results)
+            .ok_or_else(|| StoreError::Corrupt("no generation was asked for".into()))
     }
 
     async fn accept_events_at(
@@ -1337,10 +1370,29 @@ impl Store for PgStore {
         generation: i64,
         batch: Vec<(NewEvent, Vec<NewDelivery>)>,
     ) -> Result<BatchOutcome> {
-        Ok(match self.accept_batch(&batch, Some(generation)).await? {
-            Some(results) => BatchOutcome::Accepted(results),
-            None => BatchOutcome::GenerationMoved(batch),
-        })
+        Ok(
+            match self.accept_batch(&batch, Some(generation), None).await? {
+                Some((results, _)) => BatchOutcome::Accepted(results),
+                None => BatchOutcome::GenerationMoved(batch),
+            },
+        )
+    }
+
+    async fn accept_events_claiming(
+        &self,
+        generation: Option<i64>,
+        batch: Vec<(NewEvent, Vec<NewDelivery>)>,
+        claim: &IngestClaim,
+    ) -> Result<(BatchOutcome, Vec<Lease>)> {
+        Ok(
+            match self.accept_batch(&batch, generation, Some(claim)).await? {
+                Some((results, leases)) => (BatchOutcome::Accepted(results), leases),
+                None if generation.is_none() => {
+                    return Err(StoreError::Corrupt("no generation was asked for".into()));
+                }
+                None => (BatchOutcome::GenerationMoved(batch), Vec::new()),
+            },
+        )
     }
 
     async fn get_event(&self, id: &EventId) -> Result<Event> {

@@ -21,3 +21,11 @@ async fn make() -> Option<TestStore> {
 }
 
 hookd_store::conformance_tests!(make);
+
+/// The default `accept_events_claiming` claims nothing; this backend claims
+/// what it is asked to.
+#[tokio::test]
+async fn ingest_claims_every_named_delivery() {
+    let Some(t) = make().await else { return };
+    hookd_store::conformance::ingest_claims_every_named_delivery(t.store).await;
+}

@@ -3,7 +3,9 @@
 use std::collections::HashMap;
 
 use hookd_domain::EventId;
-use hookd_store::{Accepted, Event, LazyFanout, NewDelivery, NewEvent, Result, StoreError};
+use hookd_store::{
+    Accepted, Event, IngestClaim, LazyFanout, Lease, NewDelivery, NewEvent, Result, StoreError,
+};
 use sqlx::error::ErrorKind;
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 use uuid::Uuid;
@@ -104,30 +106,67 @@ pub(crate) async fn insert_deliveries(
     now: i64,
     rows: &[(&NewEvent, &NewDelivery)],
 ) -> Result<()> {
+    insert_claiming(conn, now, rows, None).await.map(drop)
+}
+
+/// [`insert_deliveries`], creating those `claim` names already claimed
+/// (`inflight`, leased to its worker, lease token 1: what their first claim
+/// would have written), and returning their leases.
+async fn insert_claiming(
+    conn: &mut SqliteConnection,
+    now: i64,
+    rows: &[(&NewEvent, &NewDelivery)],
+    claim: Option<&IngestClaim>,
+) -> Result<Vec<Lease>> {
+    let claim = claim.filter(|c| !c.deliveries.is_empty());
+    let expires =
+        claim.map(|c| now.saturating_add(i64::try_from(c.lease.as_millis()).unwrap_or(i64::MAX)));
+    let mut leases = Vec::new();
     for chunk in rows.chunks(DELIVERIES_PER_INSERT) {
         let mut q = QueryBuilder::<Sqlite>::new(
             "INSERT INTO deliveries (delivery_id, event_id, sub_id, event_type, destination_host, state, \
-             attempt, next_attempt_at, lease_token, created_at, window_start, updated_at) ",
+             attempt, next_attempt_at, lease_token, lease_expires, worker_id, created_at, window_start, \
+             updated_at) ",
         );
         q.push_values(chunk, |mut row, (event, d)| {
             row.push_bind(*d.id.as_uuid())
                 .push_bind(*event.id.as_uuid())
                 .push_bind(*d.sub_id.as_uuid())
                 .push_bind(event.event_type.as_str().to_owned())
-                .push_bind(d.destination_host.clone())
-                // New deliveries are pending and due at once.
-                .push("'pending'")
-                .push("0")
-                .push_bind(now)
-                .push("0")
-                .push_bind(now)
-                .push_bind(now)
-                .push_bind(now);
+                .push_bind(d.destination_host.clone());
+            match claim.filter(|c| c.deliveries.contains(&d.id)) {
+                Some(c) => {
+                    leases.push(Lease {
+                        delivery_id: d.id,
+                        token: INGEST_CLAIM_TOKEN,
+                    });
+                    row.push("'inflight'")
+                        .push("0")
+                        .push_bind(now)
+                        .push("1")
+                        .push_bind(expires)
+                        .push_bind(c.worker_id.clone());
+                }
+                // New deliveries are otherwise pending and due at once.
+                None => {
+                    row.push("'pending'")
+                        .push("0")
+                        .push_bind(now)
+                        .push("0")
+                        .push("NULL")
+                        .push("NULL");
+                }
+            }
+            row.push_bind(now).push_bind(now).push_bind(now);
         });
         q.build().execute(&mut *conn).await.map_err(from_sqlx)?;
     }
-    Ok(())
+    Ok(leases)
 }
+
+/// The lease token of a delivery created claimed: the one its first claim
+/// would have written (claims add 1 to the initial 0).
+const INGEST_CLAIM_TOKEN: i64 = 1;
 
 /// `Store::accept_events`: many events in one write transaction.
 ///
@@ -143,17 +182,30 @@ pub(crate) async fn accept_events(
     store: &SqliteStore,
     batch: Vec<(NewEvent, Vec<NewDelivery>)>,
 ) -> Result<Vec<Result<Accepted>>> {
+    accept_events_claiming(store, batch, None)
+        .await
+        .map(|(results, _)| results)
+}
+
+/// [`accept_events`], creating the deliveries `claim` names already claimed
+/// (`Store::accept_events_claiming`). Only the fast path claims: a batch
+/// that takes the slow path (an event at fault) writes every row pending.
+pub(crate) async fn accept_events_claiming(
+    store: &SqliteStore,
+    batch: Vec<(NewEvent, Vec<NewDelivery>)>,
+    claim: Option<&IngestClaim>,
+) -> Result<(Vec<Result<Accepted>>, Vec<Lease>)> {
     if batch.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), Vec::new()));
     }
     let now = now_ms();
     // Under the write lock, as `accept_event`: no other ingest can take a
     // key between the lookup and the insert.
     let mut tx = store.write().await?;
-    match accept_all_in(&mut tx, now, &batch, store.fanout).await {
-        Ok(accepted) => {
+    match accept_all_in(&mut tx, now, &batch, store.fanout, claim).await {
+        Ok((accepted, leases)) => {
             tx.commit().await.map_err(from_sqlx)?;
-            return Ok(accepted.into_iter().map(Ok).collect());
+            return Ok((accepted.into_iter().map(Ok).collect(), leases));
         }
         // One event is at fault: find it below.
         Err(e) if is_event_error(&e) => tx.rollback().await.map_err(from_sqlx)?,
@@ -187,7 +239,7 @@ pub(crate) async fn accept_events(
         results.push(res);
     }
     tx.commit().await.map_err(from_sqlx)?;
-    Ok(results)
+    Ok((results, Vec::new()))
 }
 
 /// Whether `e` is the failure of one event's rows (a constraint it breaks)
@@ -212,7 +264,8 @@ async fn accept_all_in(
     now: i64,
     batch: &[(NewEvent, Vec<NewDelivery>)],
     fanout: LazyFanout,
-) -> Result<Vec<Accepted>> {
+    claim: Option<&IngestClaim>,
+) -> Result<(Vec<Accepted>, Vec<Lease>)> {
     // One lookup (per KEYS_PER_LOOKUP keys) for the keys already taken.
     let mut keys: Vec<&str> = batch
         .iter()
@@ -284,11 +337,11 @@ async fn accept_all_in(
         });
         q.build().execute(&mut *conn).await.map_err(from_sqlx)?;
     }
-    insert_deliveries(conn, now, &new_deliveries).await?;
+    let leases = insert_claiming(conn, now, &new_deliveries, claim).await?;
     for (event, deliveries) in lazy {
         crate::fanout::write_job(conn, now, event, deliveries, fanout).await?;
     }
-    Ok(accepted)
+    Ok((accepted, leases))
 }
 
 pub(crate) async fn get_event(store: &SqliteStore, id: &EventId) -> Result<Event> {

@@ -76,11 +76,11 @@ use async_trait::async_trait;
 use hookd_domain::{DeliveryId, EventId, JobId, SubscriptionId, Timestamp};
 use hookd_store::crypto::Keyring;
 use hookd_store::{
-    Accepted, AttemptRecord, Backlog, ClaimRequest, ClaimedDelivery, DailyStats, Delivery,
-    DeliveryDetail, DeliveryQuery, DueDestination, Event, FoundToken, JobStep, Lease, NewDelivery,
-    NewEvent, NewReplayJob, NewSubscription, NewToken, Notice, RaisedSignal, RecordOutcome,
-    ReplayJob, Result, RetentionPolicy, RetentionReport, SignalKind, Store, StoreError,
-    Subscription, SubscriptionHealth, SubscriptionPatch, SubscriptionQuery,
+    Accepted, AttemptRecord, Backlog, BatchOutcome, ClaimRequest, ClaimedDelivery, DailyStats,
+    Delivery, DeliveryDetail, DeliveryQuery, DueDestination, Event, FoundToken, IngestClaim,
+    JobStep, Lease, NewDelivery, NewEvent, NewReplayJob, NewSubscription, NewToken, Notice,
+    RaisedSignal, RecordOutcome, ReplayJob, Result, RetentionPolicy, RetentionReport, SignalKind,
+    Store, StoreError, Subscription, SubscriptionHealth, SubscriptionPatch, SubscriptionQuery,
 };
 use sqlx::migrate::{AppliedMigration, Migrate, MigrateError, Migrator};
 use sqlx::sqlite::{
@@ -482,6 +482,23 @@ impl Store for SqliteStore {
         batch: Vec<(NewEvent, Vec<NewDelivery>)>,
     ) -> Result<Vec<Result<Accepted>>> {
         ingest::accept_events(self, batch).await
+    }
+
+    async fn accept_events_claiming(
+        &self,
+        generation: Option<i64>,
+        batch: Vec<(NewEvent, Vec<NewDelivery>)>,
+        claim: &IngestClaim,
+    ) -> Result<(BatchOutcome, Vec<Lease>)> {
+        // As the default `accept_events_at`: this process is the file's
+        // only writer, and its generation is read from memory.
+        if let Some(generation) = generation
+            && self.subscription_generation().await? != generation
+        {
+            return Ok((BatchOutcome::GenerationMoved(batch), Vec::new()));
+        }
+        let (results, leases) = ingest::accept_events_claiming(self, batch, Some(claim)).await?;
+        Ok((BatchOutcome::Accepted(results), leases))
     }
 
     async fn get_event(&self, id: &EventId) -> Result<Event> {

@@ -61,6 +61,8 @@ macro_rules! conformance_tests {
             accept_events_answers_in_input_order,
             concurrent_batches_with_one_key_create_exactly_one_event,
             accept_events_at_writes_nothing_once_the_generation_moved,
+            accept_events_claiming_creates_only_what_it_returns_claimed,
+            deliveries_claimed_at_ingest_expire_and_fence_as_claims_do,
             claims_take_due_deliveries_of_one_destination_oldest_first,
             claim_many_claims_for_every_request_in_order_and_nothing_twice,
             claim_many_claims_for_many_hosts_at_once,
@@ -1262,6 +1264,212 @@ pub async fn accept_events_at_writes_nothing_once_the_generation_moved(store: Ar
         .await
         .unwrap();
     accept_events_at_checks_the_generation(&store, &[a]).await;
+}
+
+/// An [`IngestClaim`] of `deliveries` for worker "w1".
+fn ingest_claim(deliveries: &[DeliveryId], lease: Duration) -> IngestClaim {
+    IngestClaim {
+        worker_id: "w1".into(),
+        lease,
+        deliveries: deliveries.iter().copied().collect(),
+    }
+}
+
+/// Accepts `batch` claiming `named`; returns each event's result and the
+/// leases.
+async fn accept_claiming(
+    store: &Arc<dyn Store>,
+    batch: Vec<(NewEvent, Vec<NewDelivery>)>,
+    named: &[DeliveryId],
+    lease: Duration,
+) -> (Vec<Result<Accepted>>, Vec<Lease>) {
+    let generation = store.subscription_generation().await.unwrap();
+    match store
+        .accept_events_claiming(Some(generation), batch, &ingest_claim(named, lease))
+        .await
+        .unwrap()
+    {
+        (BatchOutcome::Accepted(results), leases) => (results, leases),
+        (BatchOutcome::GenerationMoved(_), _) => panic!("no subscription changed"),
+    }
+}
+
+/// [`Store::accept_events_claiming`]: what comes back is `inflight`, not
+/// claimable, and recorded with its lease like any claim; a named delivery
+/// that did not come back, and every unnamed one, is `pending` and
+/// claimable; a duplicate event and a refused batch claim nothing. (A
+/// backend may claim none at all: the plain backends are also held to
+/// claiming, by [`ingest_claims_every_named_delivery`].)
+pub async fn accept_events_claiming_creates_only_what_it_returns_claimed(store: Arc<dyn Store>) {
+    let a = store
+        .create_subscription(new_sub("a.example", None))
+        .await
+        .unwrap();
+    let b = store
+        .create_subscription(new_sub("b.example", None))
+        .await
+        .unwrap();
+    let (da, db) = (delivery_to(&a), delivery_to(&b));
+    let named = [da.id];
+    let (results, leases) = accept_claiming(
+        &store,
+        vec![(
+            new_event("order.created", Some("k1")),
+            vec![da.clone(), db.clone()],
+        )],
+        &named,
+        LONG,
+    )
+    .await;
+    assert!(
+        matches!(&results[..], [Ok(acc)] if !acc.duplicate),
+        "{results:?}"
+    );
+    assert!(
+        leases.iter().all(|l| named.contains(&l.delivery_id)),
+        "{leases:?}"
+    );
+    let claimed: HashSet<DeliveryId> = leases.iter().map(|l| l.delivery_id).collect();
+    for id in [da.id, db.id] {
+        let d = store.get_delivery(&id).await.unwrap().delivery;
+        let want = if claimed.contains(&id) {
+            DeliveryState::Inflight
+        } else {
+            DeliveryState::Pending
+        };
+        assert_eq!(d.state, want, "{id}");
+        assert_eq!(d.attempt, 0);
+    }
+    // Only what was not claimed at ingest is claimable.
+    let mut want_a: Vec<DeliveryId> = vec![da.id];
+    want_a.retain(|id| !claimed.contains(id));
+    assert_eq!(claim_ids(&store, "a.example").await, want_a);
+    assert_eq!(claim_ids(&store, "b.example").await, vec![db.id]);
+    for lease in &leases {
+        let r = AttemptRecord {
+            lease: *lease,
+            attempt: attempt(1, Some(200)),
+            next: NextState::Delivered,
+            last_error: None,
+        };
+        assert_eq!(
+            store.record_attempt(r).await.unwrap(),
+            RecordOutcome::Recorded
+        );
+        let d = store.get_delivery(&lease.delivery_id).await.unwrap();
+        assert_eq!(d.delivery.state, DeliveryState::Delivered);
+        assert_eq!(d.attempts.len(), 1);
+    }
+
+    // A duplicate (its key taken) writes nothing, so claims nothing.
+    let again = delivery_to(&a);
+    let (results, leases) = accept_claiming(
+        &store,
+        vec![(new_event("order.created", Some("k1")), vec![again.clone()])],
+        &[again.id],
+        LONG,
+    )
+    .await;
+    assert!(
+        matches!(&results[..], [Ok(acc)] if acc.duplicate),
+        "{results:?}"
+    );
+    assert!(leases.is_empty(), "{leases:?}");
+    assert!(store.get_delivery(&again.id).await.is_err());
+
+    // A batch matched at a generation that moved writes and claims nothing.
+    let stale = store.subscription_generation().await.unwrap();
+    store
+        .create_subscription(new_sub("c.example", None))
+        .await
+        .unwrap();
+    let late = delivery_to(&a);
+    let (outcome, leases) = store
+        .accept_events_claiming(
+            Some(stale),
+            vec![(new_event("order.created", None), vec![late.clone()])],
+            &ingest_claim(&[late.id], LONG),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(outcome, BatchOutcome::GenerationMoved(ref b) if b.len() == 1));
+    assert!(leases.is_empty());
+    assert!(store.get_delivery(&late.id).await.is_err());
+}
+
+/// A delivery claimed at ingest whose lease runs out goes back to `pending`
+/// and is claimed again with a new token; the late result under the ingest
+/// lease then moves nothing.
+pub async fn deliveries_claimed_at_ingest_expire_and_fence_as_claims_do(store: Arc<dyn Store>) {
+    let a = store
+        .create_subscription(new_sub("a.example", None))
+        .await
+        .unwrap();
+    let d = delivery_to(&a);
+    let (_, leases) = accept_claiming(
+        &store,
+        vec![(new_event("order.created", None), vec![d.clone()])],
+        &[d.id],
+        Duration::ZERO,
+    )
+    .await;
+    let Some(zombie) = leases.first().copied() else {
+        // This backend claims nothing at ingest: an ordinary pending row.
+        assert_eq!(claim_ids(&store, "a.example").await, vec![d.id]);
+        return;
+    };
+    eventually("the ingest lease to expire and be reclaimed", || {
+        let store = store.clone();
+        async move { store.reclaim_expired().await.unwrap() == 1 }
+    })
+    .await;
+    let fresh = store
+        .claim_due(&claim_req("a.example", 1, LONG))
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(fresh.delivery.id, d.id);
+    assert_ne!(
+        fresh.lease.token, zombie.token,
+        "a new claim gets a new token"
+    );
+    let late = AttemptRecord {
+        lease: zombie,
+        attempt: attempt(1, Some(200)),
+        next: NextState::Delivered,
+        last_error: None,
+    };
+    assert_eq!(
+        store.record_attempt(late).await.unwrap(),
+        RecordOutcome::LeaseLost
+    );
+    assert_eq!(
+        store.get_delivery(&d.id).await.unwrap().delivery.state,
+        DeliveryState::Inflight
+    );
+    assert!(store.renew_lease(&fresh.lease, LONG).await.unwrap());
+}
+
+/// The plain backends (not the sharded one, which keeps the default) claim
+/// every named delivery of a batch of fresh events written as rows.
+pub async fn ingest_claims_every_named_delivery(store: Arc<dyn Store>) {
+    let a = store
+        .create_subscription(new_sub("a.example", None))
+        .await
+        .unwrap();
+    let ds: Vec<NewDelivery> = (0..3).map(|_| delivery_to(&a)).collect();
+    let named: Vec<DeliveryId> = ds.iter().take(2).map(|d| d.id).collect();
+    let batch = ds
+        .iter()
+        .map(|d| (new_event("order.created", None), vec![d.clone()]))
+        .collect();
+    let (_, leases) = accept_claiming(&store, batch, &named, LONG).await;
+    let mut got: Vec<DeliveryId> = leases.iter().map(|l| l.delivery_id).collect();
+    got.sort();
+    let mut want = named.clone();
+    want.sort();
+    assert_eq!(got, want);
+    assert_eq!(claim_ids(&store, "a.example").await, vec![ds[2].id]);
 }
 
 /// [`Store::accept_events_at`], each event fanned out to `subs`: a batch

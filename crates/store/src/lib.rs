@@ -203,6 +203,39 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         self.accept_events(batch).await.map(BatchOutcome::Accepted)
     }
 
+    /// [`accept_events_at`](Store::accept_events_at) (or, with no
+    /// `generation`, [`accept_events`](Store::accept_events)), creating the
+    /// deliveries named in `claim` already claimed, so a dispatcher on this
+    /// node can send them without a claim's round trip (§9.1's in-memory
+    /// queue, fed from ingest). Such a delivery is created `inflight`, owned
+    /// by `claim.worker_id`, with `lease_expires = now + claim.lease` and a
+    /// lease token, exactly as if [`claim_due`](Store::claim_due) had
+    /// claimed it the moment it was written; everything else is as
+    /// `accept_events_at` writes it (`attempt = 0`, due now). Its lease
+    /// behaves as a claim's: record, renew and release take it, and
+    /// [`reclaim_expired`](Store::reclaim_expired) returns the delivery to
+    /// `pending` once it expires, so a node that dies holding it loses
+    /// nothing.
+    ///
+    /// Returns the outcome and the lease of every delivery created claimed.
+    /// A backend may create any of the named deliveries unclaimed
+    /// (`pending`, as usual) instead, and the default creates them all so:
+    /// only what comes back is claimed. Nothing of a duplicate event, an
+    /// event that failed, or a batch whose generation moved is claimed.
+    async fn accept_events_claiming(
+        &self,
+        generation: Option<i64>,
+        batch: Vec<(NewEvent, Vec<NewDelivery>)>,
+        claim: &IngestClaim,
+    ) -> Result<(BatchOutcome, Vec<Lease>)> {
+        let _ = claim;
+        let outcome = match generation {
+            Some(generation) => self.accept_events_at(generation, batch).await?,
+            None => BatchOutcome::Accepted(self.accept_events(batch).await?),
+        };
+        Ok((outcome, Vec::new()))
+    }
+
     /// One event. `NotFound` if absent.
     async fn get_event(&self, id: &EventId) -> Result<Event>;
 

@@ -107,6 +107,18 @@ pub struct NewDelivery {
     pub destination_host: String,
 }
 
+/// Which deliveries of an ingest batch to create already claimed, and for
+/// whom ([`Store::accept_events_claiming`](crate::Store::accept_events_claiming)).
+#[derive(Debug, Clone)]
+pub struct IngestClaim {
+    /// Who claims (recorded as `worker_id`).
+    pub worker_id: String,
+    /// How long the lease lasts.
+    pub lease: Duration,
+    /// The deliveries to create claimed.
+    pub deliveries: std::collections::HashSet<DeliveryId>,
+}
+
 /// The result of [`Store::accept_event`](crate::Store::accept_event).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Accepted {

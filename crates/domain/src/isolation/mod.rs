@@ -273,6 +273,22 @@ impl DestinationAdmission {
             .min(limit.saturating_mul(LOOKAHEAD_PER_SLOT))
     }
 
+    /// How many new deliveries may be claimed for this destination at
+    /// ingest, to start the moment their commit is in: as many as it has
+    /// free slots and the bucket has tokens, and only while it is
+    /// [`healthy`](Self::healthy). Nothing beyond the free slots: what could
+    /// only wait goes to the store, where every worker node can claim it
+    /// (claiming ahead is the claim loop's, which shares the host's cap
+    /// among the nodes). Each still needs [`on_start`](Self::on_start).
+    /// Asking takes nothing.
+    pub fn ingest_room(&mut self, now: Timestamp) -> u32 {
+        if !self.healthy(now) {
+            return 0;
+        }
+        let free = self.concurrency_limit().saturating_sub(self.in_flight);
+        self.bucket.available(now).min(free)
+    }
+
     /// Whether deliveries may be claimed ahead for this destination, and
     /// keep waiting for it: its circuit is closed and no attempt failed in
     /// the breaker's window. A struggling destination gets its next attempt
@@ -591,6 +607,47 @@ pub(crate) mod tests {
         assert_eq!(a.lookahead(t0()), 0);
         let probe_at = a.available(t0()).next_check.unwrap();
         assert_eq!(a.lookahead(probe_at), 0, "half-open: only the probe goes");
+    }
+
+    #[test]
+    fn ingest_claims_only_what_can_start_now_while_healthy() {
+        let with_rate = |rate: f64| {
+            DestinationAdmission::new(
+                AdmissionConfig {
+                    rate_override: Some(rate),
+                    ..Default::default()
+                },
+                t0(),
+            )
+        };
+        // 1,000 tokens, 20 free slots: the free slots.
+        let mut a = with_rate(1_000.0);
+        assert_eq!(a.ingest_room(t0()), 20);
+        let tickets: Vec<Ticket> = (0..15).map(|_| a.on_start(t0()).unwrap()).collect();
+        assert_eq!(a.ingest_room(t0()), 5, "what is left of the cap");
+        let more: Vec<Ticket> = (0..5).map(|_| a.on_start(t0()).unwrap()).collect();
+        assert_eq!(
+            a.ingest_room(t0()),
+            0,
+            "a full cap: nothing waits from ingest"
+        );
+        for t in tickets.into_iter().chain(more) {
+            a.on_finish(t0(), t, OK, 0.0);
+        }
+        // 5 tokens: the rate binds, free slots or not.
+        assert_eq!(with_rate(5.0).ingest_room(t0()), 5);
+        let mut dry = with_rate(5.0);
+        run(&mut dry, t0(), 5, OK);
+        assert_eq!(dry.ingest_room(t0()), 0, "no token, no claim");
+        assert_eq!(dry.ingest_room(t0() + ms(200)), 1, "one token later");
+        // A failure in the breaker's window, or an open circuit: nothing.
+        run(&mut a, t0(), 1, FAIL);
+        assert_eq!(a.ingest_room(t0()), 0, "a failing destination");
+        let mut a = with_rate(1_000.0);
+        assert!(a.force_open(t0(), 0.0));
+        assert_eq!(a.ingest_room(t0()), 0, "an open circuit");
+        let probe_at = a.available(t0()).next_check.unwrap();
+        assert_eq!(a.ingest_room(probe_at), 0, "half-open: only the probe goes");
     }
 
     #[test]

@@ -18,6 +18,7 @@ mod fanout;
 mod guarantee;
 mod health;
 mod history;
+mod ingest_claims;
 mod isolation;
 mod jobs;
 mod keys;

@@ -159,7 +159,7 @@ impl ShardedStore {
         generation: Option<i64>,
     ) -> Result<BatchOutcome> {
         self.refresh().await;
-        let Some(results) = self.control.accept_batch(&batch, generation).await? else {
+        let Some((results, _)) = self.control.accept_batch(&batch, generation, None).await? else {
             return Ok(BatchOutcome::GenerationMoved(batch));
         };
         let accepted: Vec<(NewEvent, Vec<NewDelivery>)> = batch
