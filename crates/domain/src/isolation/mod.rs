@@ -569,17 +569,19 @@ pub(crate) mod tests {
         assert_eq!(a.snapshot(t0()).in_flight, 18);
     }
 
+    /// A destination at a fixed `rate`, first seen at `t0`.
+    fn with_rate(rate: f64) -> DestinationAdmission {
+        DestinationAdmission::new(
+            AdmissionConfig {
+                rate_override: Some(rate),
+                ..Default::default()
+            },
+            t0(),
+        )
+    }
+
     #[test]
     fn only_a_healthy_destination_with_tokens_to_spare_claims_ahead() {
-        let with_rate = |rate: f64| {
-            DestinationAdmission::new(
-                AdmissionConfig {
-                    rate_override: Some(rate),
-                    ..Default::default()
-                },
-                t0(),
-            )
-        };
         // 1,000 tokens, 20 free slots: four times the cap may wait ahead.
         let mut a = with_rate(1_000.0);
         assert_eq!(a.lookahead(t0()), 20 * LOOKAHEAD_PER_SLOT);
@@ -611,15 +613,6 @@ pub(crate) mod tests {
 
     #[test]
     fn ingest_claims_only_what_can_start_now_while_healthy() {
-        let with_rate = |rate: f64| {
-            DestinationAdmission::new(
-                AdmissionConfig {
-                    rate_override: Some(rate),
-                    ..Default::default()
-                },
-                t0(),
-            )
-        };
         // 1,000 tokens, 20 free slots: the free slots.
         let mut a = with_rate(1_000.0);
         assert_eq!(a.ingest_room(t0()), 20);
