@@ -360,6 +360,30 @@ impl Run {
     }
 }
 
+/// A weak handle on a [`Dispatcher`]'s queues, for ingest
+/// ([`Dispatcher::ingest_queue`]). Once the dispatcher is gone it reserves
+/// nothing, and what is handed over waits for its lease to expire.
+#[derive(Debug, Clone)]
+pub struct IngestQueue {
+    inner: Weak<Inner>,
+}
+
+impl IngestQueue {
+    /// [`Dispatcher::reserve_at_ingest`], or 0 once the dispatcher is gone.
+    pub fn reserve(&self, host: &str, n: u32) -> u32 {
+        self.inner
+            .upgrade()
+            .map_or(0, |inner| Dispatcher { inner }.reserve_at_ingest(host, n))
+    }
+
+    /// [`Dispatcher::hand_over`], if the dispatcher is still there.
+    pub fn hand_over(&self, reserved: &[(String, u32)], claimed: Vec<ClaimedDelivery>) {
+        if let Some(inner) = self.inner.upgrade() {
+            Dispatcher { inner }.hand_over(reserved, claimed);
+        }
+    }
+}
+
 /// Gives leases back to the store, logging a failure (their leases expire
 /// anyway; releasing only makes them claimable sooner).
 async fn give_back(inner: &Inner, leases: &[Lease]) {
@@ -450,6 +474,16 @@ impl Dispatcher {
     /// Per-destination admission state (for health and metrics).
     pub fn admission(&self) -> &Arc<Admission> {
         &self.inner.admission
+    }
+
+    /// A weak handle on this dispatcher's queues for ingest (see
+    /// [`reserve_at_ingest`](Self::reserve_at_ingest)): holding it keeps
+    /// nothing alive, so the API may hold it while the dispatcher holds the
+    /// API's observer.
+    pub fn ingest_queue(&self) -> IngestQueue {
+        IngestQueue {
+            inner: Arc::downgrade(&self.inner),
+        }
     }
 
     /// Holds room for `n` new deliveries to `host` that ingest is about to

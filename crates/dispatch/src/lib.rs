@@ -30,7 +30,7 @@ use hookd_domain::isolation::AdmissionConfig;
 use hookd_domain::retry::RetrySchedule;
 use hookd_store::{SignalKind, Store, StoreError, Subscription};
 
-pub use claim::{Dispatcher, error_chain};
+pub use claim::{Dispatcher, IngestQueue, error_chain};
 
 /// What the dispatcher tells the rest of the process about subscriptions.
 /// The binary installs one that feeds the health monitor and announces

@@ -354,27 +354,31 @@ fn destination_state(dispatcher: &Dispatcher) -> hookd_api::DestinationState {
 }
 
 /// Ingest's deliveries claimed for this node's dispatcher (§9.1, fed from
-/// ingest): the API's seam, the dispatcher's queues.
+/// ingest): the API's seam, the dispatcher's queues. Weak: the dispatcher
+/// holds the API's state (its observer), so a strong handle here would be
+/// a cycle that keeps both, and the store's connections, alive forever.
 #[derive(Debug)]
 struct DispatchHandoff {
-    dispatcher: Dispatcher,
+    queue: hookd_dispatch::IngestQueue,
+    worker_id: String,
+    lease: std::time::Duration,
 }
 
 impl hookd_api::IngestHandoff for DispatchHandoff {
     fn worker_id(&self) -> &str {
-        &self.dispatcher.config().worker_id
+        &self.worker_id
     }
 
     fn lease(&self) -> std::time::Duration {
-        self.dispatcher.config().lease
+        self.lease
     }
 
     fn reserve(&self, host: &str, n: u32) -> u32 {
-        self.dispatcher.reserve_at_ingest(host, n)
+        self.queue.reserve(host, n)
     }
 
     fn hand_over(&self, reserved: &[(String, u32)], claimed: Vec<hookd_store::ClaimedDelivery>) {
-        self.dispatcher.hand_over(reserved, claimed);
+        self.queue.hand_over(reserved, claimed);
     }
 }
 
@@ -473,7 +477,9 @@ impl App {
         state.set_destination_state(destination_state(&dispatcher));
         if config.ingest_claims && config.role == NodeRole::All {
             state.set_ingest_handoff(Arc::new(DispatchHandoff {
-                dispatcher: dispatcher.clone(),
+                queue: dispatcher.ingest_queue(),
+                worker_id: dispatcher.config().worker_id.clone(),
+                lease: dispatcher.config().lease,
             }));
         }
         dispatcher.set_observer(Arc::new(MonitorObserver {
