@@ -332,14 +332,19 @@ impl ClaimPlan {
     /// Reserves room per host for the batch's claimable deliveries, first
     /// come first served, and names as many as each host got.
     fn new(handoff: &dyn IngestHandoff, batch: &[Pending]) -> Self {
+        // Per host, in the order hosts first appear: one map lookup per
+        // delivery (a batch holds up to 10,000 deliveries to as many hosts).
         let mut wanted: Vec<(&str, u32)> = Vec::new();
+        let mut slot: HashMap<&str, usize> = HashMap::new();
         for p in batch {
             for (d, sub) in p.deliveries.iter().zip(&p.claimable) {
                 if sub.is_some() {
-                    match wanted.iter_mut().find(|(h, _)| *h == d.destination_host) {
-                        Some((_, n)) => *n += 1,
-                        None => wanted.push((d.destination_host.as_str(), 1)),
-                    }
+                    let host = d.destination_host.as_str();
+                    let i = *slot.entry(host).or_insert_with(|| {
+                        wanted.push((host, 0));
+                        wanted.len() - 1
+                    });
+                    wanted[i].1 += 1;
                 }
             }
         }
