@@ -3,7 +3,6 @@
 //! decoder per record serves plain reads and the claim's join alike.
 
 use std::collections::HashMap;
-use std::collections::hash_map::Entry;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -200,30 +199,33 @@ pub(crate) fn lease_token(row: &PgRow) -> Result<i64> {
     get(row, "d_lease_token")
 }
 
-/// A claimed row of the claim statements: the delivery with its lease,
-/// event and subscription. `decoded` holds the subscriptions already
-/// decoded from earlier rows of the same statement: one statement reads one
-/// snapshot, so a subscription's columns are the same on each of its rows,
-/// and a claim of hundreds of rows opens each secret and parses each URL
-/// and policy once, not once per row.
+/// A claimed row of the claim statements (delivery columns only): the
+/// delivery with its lease, and its event and subscription from those the
+/// claim read back once each (`PgStore::read_back`), so a claim of hundreds
+/// of rows opens each secret and parses each URL and policy once.
 pub(crate) fn claimed(
     row: &PgRow,
-    keyring: &Keyring,
-    decoded: &mut HashMap<Uuid, Subscription>,
+    events: &HashMap<Uuid, Event>,
+    subs: &HashMap<Uuid, Subscription>,
 ) -> Result<ClaimedDelivery> {
     let delivery = delivery(row)?;
-    let sub_id: Uuid = get(row, "s_sub_id")?;
-    let subscription = match decoded.entry(sub_id) {
-        Entry::Occupied(known) => known.get().clone(),
-        Entry::Vacant(new) => new.insert(subscription(row, keyring)?).clone(),
-    };
+    let event_id: Uuid = get(row, "d_event_id")?;
+    let sub_id: Uuid = get(row, "d_sub_id")?;
+    let event = events
+        .get(&event_id)
+        .ok_or_else(|| corrupt("claimed delivery", format!("event {event_id} not found")))?
+        .clone();
+    let subscription = subs
+        .get(&sub_id)
+        .ok_or_else(|| corrupt("claimed delivery", format!("subscription {sub_id} not found")))?
+        .clone();
     Ok(ClaimedDelivery {
         lease: Lease {
             delivery_id: delivery.id,
             token: lease_token(row)?,
         },
         delivery,
-        event: event(row)?,
+        event,
         subscription,
     })
 }

@@ -1,7 +1,7 @@
 //! The [`Store`] implementation: one SQL statement per method where the
 //! contract allows, one transaction where it names one.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -60,20 +60,6 @@ macro_rules! claimable {
     };
 }
 
-/// Where [`claim_sql!`] and [`claim_batch_sql!`] read the claimed rows back
-/// from: the `claimed` CTE (as `d`), each row's event (`e`) and subscription
-/// (`s`). The events are looked up one by one (`LATERAL … OFFSET 0`, which
-/// the planner cannot flatten into a join): it cannot tell how few rows the
-/// CTE yields, and at a 1,000,000-row backlog it guessed a million and hashed
-/// the whole events table (~170 ms) to read back 200 claimed rows.
-macro_rules! claimed_read_back {
-    () => {
-        " FROM claimed d CROSS JOIN LATERAL ( \
-             SELECT * FROM events e WHERE e.event_id = d.event_id OFFSET 0) e \
-         JOIN subscriptions s ON s.sub_id = d.sub_id"
-    };
-}
-
 /// The claim statement for one filter and one order (`$order` names
 /// columns of `d`, which is `deliveries` in the pick and the claimed rows
 /// when they are read back, so one order serves both). Parameters: $1 host, $2 limit, $3 lease in
@@ -102,12 +88,7 @@ macro_rules! claim_sql {
                  FROM due WHERE u.delivery_id = due.delivery_id RETURNING u.* \
              ) SELECT ",
             delivery_cols!(),
-            ", ",
-            event_cols!(),
-            ", ",
-            subscription_cols!(),
-            claimed_read_back!(),
-            " ORDER BY ",
+            " FROM claimed d ORDER BY ",
             $order
         )
     };
@@ -143,12 +124,7 @@ macro_rules! claim_batch_sql {
                  FROM due WHERE u.delivery_id = due.delivery_id RETURNING u.*, due.idx AS r_idx \
              ) SELECT d.r_idx, ",
             delivery_cols!(),
-            ", ",
-            event_cols!(),
-            ", ",
-            subscription_cols!(),
-            claimed_read_back!(),
-            " ORDER BY d.r_idx, ",
+            " FROM claimed d ORDER BY d.r_idx, ",
             $order
         )
     };
@@ -286,6 +262,63 @@ fn json(value: &impl serde::Serialize) -> Result<String> {
 }
 
 impl PgStore {
+    /// The events and subscriptions of claimed rows (`d_event_id`,
+    /// `d_sub_id`), each read once. A claim pass takes many rows of one event
+    /// (its fan-out, a row per destination) and of one subscription; reading
+    /// them back in the claim statement sent (and decoded) an event's
+    /// payload and a subscription's fifteen columns once per row. Both reads
+    /// run at once, after the claim's commit: the rows' foreign keys keep
+    /// their event and subscription from being removed, and a subscription
+    /// is "as it is now" either way.
+    async fn read_back(
+        &self,
+        rows: &[PgRow],
+    ) -> Result<(HashMap<Uuid, Event>, HashMap<Uuid, Subscription>)> {
+        if rows.is_empty() {
+            return Ok((HashMap::new(), HashMap::new()));
+        }
+        let (mut event_ids, mut sub_ids) = (Vec::new(), Vec::new());
+        {
+            let (mut seen_e, mut seen_s) = (HashSet::new(), HashSet::new());
+            for row in rows {
+                let e: Uuid = row.try_get("d_event_id").map_err(map)?;
+                let s: Uuid = row.try_get("d_sub_id").map_err(map)?;
+                if seen_e.insert(e) {
+                    event_ids.push(e);
+                }
+                if seen_s.insert(s) {
+                    sub_ids.push(s);
+                }
+            }
+        }
+        let events = sqlx::query(concat!(
+            "SELECT ",
+            event_cols!(),
+            " FROM events e WHERE e.event_id = ANY($1)"
+        ))
+        .bind(&event_ids)
+        .fetch_all(&self.pool);
+        let subs = sqlx::query(concat!(
+            "SELECT ",
+            subscription_cols!(),
+            " FROM subscriptions s WHERE s.sub_id = ANY($1)"
+        ))
+        .bind(&sub_ids)
+        .fetch_all(&self.pool);
+        let (events, subs) = futures::future::try_join(events, subs)
+            .await
+            .map_err(map)?;
+        let events = events
+            .iter()
+            .map(|row| rows::event(row).map(|e| (*e.id.as_uuid(), e)))
+            .collect::<Result<HashMap<_, _>>>()?;
+        let subs = subs
+            .iter()
+            .map(|row| rows::subscription(row, &self.keyring).map(|s| (*s.id.as_uuid(), s)))
+            .collect::<Result<HashMap<_, _>>>()?;
+        Ok((events, subs))
+    }
+
     /// Claims for `members` of `reqs` (one variant: all filter by
     /// subscription or none, all in one order, with one lease and worker;
     /// every host distinct) in one statement. A lone request goes through [`Store::claim_due`]'s
@@ -347,17 +380,16 @@ impl PgStore {
                 .await
                 .map_err(map)?;
             commit(tx).await?;
+            let (events, subs) = self.read_back(&rows).await?;
             let mut out: Vec<(usize, Vec<ClaimedDelivery>)> =
                 members.iter().map(|&i| (i, Vec::new())).collect();
-            let mut decoded = HashMap::new();
             for row in &rows {
                 let idx: i64 = row.try_get("r_idx").map_err(map)?;
                 let slot = usize::try_from(idx - 1)
                     .ok()
                     .and_then(|k| out.get_mut(k))
                     .ok_or_else(|| StoreError::Corrupt(format!("claim row for request {idx}")))?;
-                slot.1
-                    .push(rows::claimed(row, &self.keyring, &mut decoded)?);
+                slot.1.push(rows::claimed(row, &events, &subs)?);
             }
             Ok(out)
         })
@@ -1521,9 +1553,9 @@ impl Store for PgStore {
                 claim = claim.bind(sub.as_uuid());
             }
             let rows = claim.fetch_all(&self.pool).await.map_err(map)?;
-            let mut decoded = HashMap::new();
+            let (events, subs) = self.read_back(&rows).await?;
             rows.iter()
-                .map(|row| rows::claimed(row, &self.keyring, &mut decoded))
+                .map(|row| rows::claimed(row, &events, &subs))
                 .collect()
         })
         .await
