@@ -163,6 +163,11 @@ pub struct Load {
     /// `fail`, `hang`, `hold`, `fail-then-ok:60s`.
     #[arg(long)]
     pub behaviour: Option<crate::receiver::Behaviour>,
+    /// Pad each event's payload with a string field of this many bytes
+    /// (default 0: a payload of ~40 bytes). Real payloads are often
+    /// kilobytes; this is what a claim reads back and every attempt sends.
+    #[arg(long)]
+    pub payload_bytes: Option<usize>,
 }
 
 fn parse_rate(s: &str) -> Result<f64, String> {

@@ -94,13 +94,16 @@ pub fn rate(n: u64, from_ns: u64, to_ns: u64) -> f64 {
 pub struct Poster {
     client: reqwest::Client,
     run_id: u64,
+    /// `,"pad":"xx…"` for `--payload-bytes`, or empty.
+    pad: String,
     /// Events accepted so far, for progress lines.
     pub accepted: Arc<AtomicU64>,
 }
 
 impl Poster {
-    /// A poster; `run_id` makes idempotency keys unique to this run.
-    pub fn new() -> anyhow::Result<Poster> {
+    /// A poster; `run_id` makes idempotency keys unique to this run, and
+    /// each payload carries `payload_bytes` bytes of padding.
+    pub fn new(payload_bytes: usize) -> anyhow::Result<Poster> {
         let client = reqwest::Client::builder()
             .pool_max_idle_per_host(1024)
             .timeout(Duration::from_secs(30))
@@ -108,9 +111,14 @@ impl Poster {
         let run_id = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)?
             .as_nanos() as u64;
+        let pad = match payload_bytes {
+            0 => String::new(),
+            n => format!(r#","pad":"{}""#, "x".repeat(n)),
+        };
         Ok(Poster {
             client,
             run_id,
+            pad,
             accepted: Arc::new(AtomicU64::new(0)),
         })
     }
@@ -243,7 +251,8 @@ impl Poster {
     /// Posts event `seq`, retrying with the same idempotency key.
     async fn post_one(&self, sink: &Sink, seq: u64, deadline: Instant) -> Posted {
         let sent_ns = now_ns();
-        let payload = format!(r#"{{"sent_ns":{sent_ns},"seq":{seq}}}"#);
+        let pad = &self.pad;
+        let payload = format!(r#"{{"sent_ns":{sent_ns},"seq":{seq}{pad}}}"#);
         let key = format!("bench-{}-{seq}", self.run_id);
         let request = || match sink {
             Sink::Hookd { events_url, token } => self

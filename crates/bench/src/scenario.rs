@@ -43,6 +43,8 @@ struct Plan {
     release_after_posting: bool,
     /// `bare`: no hookd, post straight to receiver 0.
     bare: bool,
+    /// `--payload-bytes`: padding in every payload.
+    payload_bytes: usize,
 }
 
 /// What one run saw.
@@ -58,6 +60,8 @@ struct Outcome {
     rss_at_release_mib: Option<f64>,
     /// Whether every expected delivery arrived before the drain window closed.
     drained: bool,
+    /// `--payload-bytes`.
+    payload_bytes: usize,
 }
 
 /// Runs the scenario the command line names.
@@ -165,6 +169,7 @@ impl Plan {
             drain_timeout: Duration::from_secs(120),
             release_after_posting: false,
             bare: false,
+            payload_bytes: load.payload_bytes.unwrap_or(0),
         }
     }
 
@@ -224,6 +229,7 @@ async fn execute(common: &Common, mut plan: Plan) -> anyhow::Result<Outcome> {
         released_ns,
         rss_at_release_mib,
         drained,
+        payload_bytes: plan.payload_bytes,
     })
 }
 
@@ -231,7 +237,7 @@ type Driven = (Posted, f64, Option<u64>, Option<f64>, bool);
 
 /// Subscribes, posts, releases (backlog) and waits for the deliveries.
 async fn drive(plan: &Plan, fleet: &Fleet, hookd: Option<&Hookd>) -> anyhow::Result<Driven> {
-    let poster = Poster::new()?;
+    let poster = Poster::new(plan.payload_bytes)?;
     let sink = match hookd {
         Some(h) => {
             for i in 0..fleet.len() {
@@ -354,6 +360,9 @@ impl Outcome {
         }
         if malformed > 0 {
             r = r.with("malformed", malformed);
+        }
+        if self.payload_bytes > 0 {
+            r = r.with("payload_bytes", self.payload_bytes as u64);
         }
         r
     }
