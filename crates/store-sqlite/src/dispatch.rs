@@ -3,13 +3,12 @@
 //! lease_token = ?`: the token is bumped by every claim, so a worker whose
 //! lease was lost (expired and re-claimed, or released) matches nothing.
 
-use std::collections::hash_map::Entry;
 use std::time::Duration;
 
 use hookd_domain::{DeliveryId, SubscriptionId};
 use hookd_store::{
     AttemptRecord, ClaimOrder, ClaimRequest, ClaimedDelivery, Delivery, DueDestination,
-    DueSubscription, Lease, MAX_SNIPPET_BYTES, NextState, RecordOutcome, Result, StoreError,
+    DueSubscription, Event, Lease, MAX_SNIPPET_BYTES, NextState, RecordOutcome, Result, StoreError,
     StreakChange, Subscription,
 };
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
@@ -225,20 +224,16 @@ pub(crate) async fn claim_many(
         left = later;
     }
 
-    // RETURNING cannot join, so load the claimed rows with their event and
-    // subscription in one query per batch of ids (one, for any sane pass).
+    // RETURNING cannot join, so load the claimed rows in one query per
+    // batch of ids (one, for any sane pass) while the write lock is held;
+    // their events and subscriptions come after the commit.
     let all: Vec<Uuid> = ids.iter().flatten().copied().collect();
     let mut rows = Vec::with_capacity(all.len());
     for chunk in all.chunks(IDS_PER_QUERY) {
         let mut q = QueryBuilder::<Sqlite>::new(concat!(
             "SELECT ",
             delivery_columns!(),
-            ", ",
-            event_columns!(),
-            ", ",
-            subscription_columns!(),
-            " FROM deliveries d JOIN events e ON e.event_id = d.event_id \
-             JOIN subscriptions s ON s.sub_id = d.sub_id WHERE d.delivery_id IN ("
+            " FROM deliveries d WHERE d.delivery_id IN ("
         ));
         let mut list = q.separated(", ");
         for id in chunk {
@@ -247,26 +242,96 @@ pub(crate) async fn claim_many(
         q.push(")");
         rows.extend(q.build().fetch_all(&mut *tx).await.map_err(from_sqlx)?);
     }
-    // Decoded (secrets opened) after the commit: the write lock is not held
-    // while the async side works through the rows. A row that fails to
-    // decode fails the call; its delivery stays leased until the lease
-    // expires, as after any claim whose worker went away.
+    // Decoded after the commit: the write lock is not held while the async
+    // side works through the rows. A row that fails to decode fails the
+    // call; its delivery stays leased until the lease expires, as after any
+    // claim whose worker went away.
     tx.commit().await.map_err(from_sqlx)?;
+    let mut claimed_rows = Vec::with_capacity(rows.len());
+    for row in &rows {
+        claimed_rows.push(codec::delivery(row)?);
+    }
+    // Each event and subscription read once, on a reader, not once per row:
+    // a pass claims an event's fan-out (a row per destination) and many rows
+    // of one subscription, and the one writer is what every claim, record
+    // and ingest waits for. The rows' foreign keys keep both from being
+    // removed; a subscription is "as it is now" either way. Each is decoded
+    // (a secret opened, a URL and policy parsed) once.
+    let (mut event_ids, mut sub_ids) = (Vec::new(), Vec::new());
+    {
+        let (mut seen_e, mut seen_s) = (
+            std::collections::HashSet::new(),
+            std::collections::HashSet::new(),
+        );
+        for (d, _) in &claimed_rows {
+            if seen_e.insert(*d.event_id.as_uuid()) {
+                event_ids.push(*d.event_id.as_uuid());
+            }
+            if seen_s.insert(*d.sub_id.as_uuid()) {
+                sub_ids.push(*d.sub_id.as_uuid());
+            }
+        }
+    }
+    let mut events: std::collections::HashMap<Uuid, Event> =
+        std::collections::HashMap::with_capacity(event_ids.len());
+    let mut subs: std::collections::HashMap<Uuid, Subscription> =
+        std::collections::HashMap::with_capacity(sub_ids.len());
+    for chunk in event_ids.chunks(IDS_PER_QUERY) {
+        let mut q = QueryBuilder::<Sqlite>::new(concat!(
+            "SELECT ",
+            event_columns!(),
+            " FROM events e WHERE e.event_id IN ("
+        ));
+        let mut list = q.separated(", ");
+        for id in chunk {
+            list.push_bind(*id);
+        }
+        q.push(")");
+        for row in q
+            .build()
+            .fetch_all(&store.reader)
+            .await
+            .map_err(from_sqlx)?
+        {
+            let e = codec::event(&row)?;
+            events.insert(*e.id.as_uuid(), e);
+        }
+    }
+    for chunk in sub_ids.chunks(IDS_PER_QUERY) {
+        let mut q = QueryBuilder::<Sqlite>::new(concat!(
+            "SELECT ",
+            subscription_columns!(),
+            " FROM subscriptions s WHERE s.sub_id IN ("
+        ));
+        let mut list = q.separated(", ");
+        for id in chunk {
+            list.push_bind(*id);
+        }
+        q.push(")");
+        for row in q
+            .build()
+            .fetch_all(&store.reader)
+            .await
+            .map_err(from_sqlx)?
+        {
+            let s = codec::subscription(&row, &store.keyring)?;
+            subs.insert(*s.id.as_uuid(), s);
+        }
+    }
     let mut loaded: std::collections::HashMap<Uuid, ClaimedDelivery> =
         std::collections::HashMap::with_capacity(all.len());
-    // Each subscription decoded once (its secret opened, its URL and policy
-    // parsed), not once per row: the rows were read in one transaction, so
-    // a subscription's columns are the same on each of its rows.
-    let mut decoded: std::collections::HashMap<Uuid, Subscription> =
-        std::collections::HashMap::new();
-    for row in rows {
-        let (delivery, token) = codec::delivery(&row)?;
-        let subscription = match decoded.entry(*delivery.sub_id.as_uuid()) {
-            Entry::Occupied(known) => known.get().clone(),
-            Entry::Vacant(new) => new
-                .insert(codec::subscription(&row, &store.keyring)?)
-                .clone(),
+    for (delivery, token) in claimed_rows {
+        let missing = |what: &str, id: Uuid| {
+            StoreError::Corrupt(format!("claimed delivery: {what} {id} not found"))
         };
+        let event = events
+            .get(delivery.event_id.as_uuid())
+            .ok_or_else(|| missing("event", *delivery.event_id.as_uuid()))?
+            .clone();
+        let subscription = subs
+            .get(delivery.sub_id.as_uuid())
+            .ok_or_else(|| missing("subscription", *delivery.sub_id.as_uuid()))?
+            .clone();
         loaded.insert(
             *delivery.id.as_uuid(),
             ClaimedDelivery {
@@ -274,7 +339,7 @@ pub(crate) async fn claim_many(
                     delivery_id: delivery.id,
                     token,
                 },
-                event: codec::event(&row)?,
+                event,
                 subscription,
                 delivery,
             },
