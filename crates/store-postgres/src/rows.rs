@@ -217,7 +217,12 @@ pub(crate) fn claimed(
         .clone();
     let subscription = subs
         .get(&sub_id)
-        .ok_or_else(|| corrupt("claimed delivery", format!("subscription {sub_id} not found")))?
+        .ok_or_else(|| {
+            corrupt(
+                "claimed delivery",
+                format!("subscription {sub_id} not found"),
+            )
+        })?
         .clone();
     Ok(ClaimedDelivery {
         lease: Lease {

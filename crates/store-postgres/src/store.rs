@@ -305,9 +305,7 @@ impl PgStore {
         ))
         .bind(&sub_ids)
         .fetch_all(&self.pool);
-        let (events, subs) = futures::future::try_join(events, subs)
-            .await
-            .map_err(map)?;
+        let (events, subs) = futures::future::try_join(events, subs).await.map_err(map)?;
         let events = events
             .iter()
             .map(|row| rows::event(row).map(|e| (*e.id.as_uuid(), e)))
