@@ -269,7 +269,9 @@ impl PgStore {
     /// payload and a subscription's fifteen columns once per row. Both reads
     /// run at once, after the claim's commit: the rows' foreign keys keep
     /// their event and subscription from being removed, and a subscription
-    /// is "as it is now" either way.
+    /// is "as it is now" either way. If a read fails, the call fails and its
+    /// rows stay leased until the lease expires and `reclaim_expired`
+    /// returns them, as after a claim whose worker went away.
     async fn read_back(
         &self,
         rows: &[PgRow],
