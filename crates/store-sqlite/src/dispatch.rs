@@ -276,47 +276,23 @@ pub(crate) async fn claim_many(
         std::collections::HashMap::with_capacity(event_ids.len());
     let mut subs: std::collections::HashMap<Uuid, Subscription> =
         std::collections::HashMap::with_capacity(sub_ids.len());
-    for chunk in event_ids.chunks(IDS_PER_QUERY) {
-        let mut q = QueryBuilder::<Sqlite>::new(concat!(
-            "SELECT ",
-            event_columns!(),
-            " FROM events e WHERE e.event_id IN ("
-        ));
-        let mut list = q.separated(", ");
-        for id in chunk {
-            list.push_bind(*id);
-        }
-        q.push(")");
-        for row in q
-            .build()
-            .fetch_all(&store.reader)
-            .await
-            .map_err(from_sqlx)?
-        {
-            let e = codec::event(&row)?;
-            events.insert(*e.id.as_uuid(), e);
-        }
+    let select = concat!(
+        "SELECT ",
+        event_columns!(),
+        " FROM events e WHERE e.event_id IN ("
+    );
+    for row in read_in(store, select, &event_ids).await? {
+        let e = codec::event(&row)?;
+        events.insert(*e.id.as_uuid(), e);
     }
-    for chunk in sub_ids.chunks(IDS_PER_QUERY) {
-        let mut q = QueryBuilder::<Sqlite>::new(concat!(
-            "SELECT ",
-            subscription_columns!(),
-            " FROM subscriptions s WHERE s.sub_id IN ("
-        ));
-        let mut list = q.separated(", ");
-        for id in chunk {
-            list.push_bind(*id);
-        }
-        q.push(")");
-        for row in q
-            .build()
-            .fetch_all(&store.reader)
-            .await
-            .map_err(from_sqlx)?
-        {
-            let s = codec::subscription(&row, &store.keyring)?;
-            subs.insert(*s.id.as_uuid(), s);
-        }
+    let select = concat!(
+        "SELECT ",
+        subscription_columns!(),
+        " FROM subscriptions s WHERE s.sub_id IN ("
+    );
+    for row in read_in(store, select, &sub_ids).await? {
+        let s = codec::subscription(&row, &store.keyring)?;
+        subs.insert(*s.id.as_uuid(), s);
     }
     let mut loaded: std::collections::HashMap<Uuid, ClaimedDelivery> =
         std::collections::HashMap::with_capacity(all.len());
@@ -357,6 +333,31 @@ pub(crate) async fn claim_many(
         out.push(claimed);
     }
     Ok(out)
+}
+
+/// The rows of `select` (a query ending in `IN (`) for `ids`, on a reader,
+/// [`IDS_PER_QUERY`] ids per statement.
+async fn read_in(
+    store: &SqliteStore,
+    select: &'static str,
+    ids: &[Uuid],
+) -> Result<Vec<sqlx::sqlite::SqliteRow>> {
+    let mut rows = Vec::with_capacity(ids.len());
+    for chunk in ids.chunks(IDS_PER_QUERY) {
+        let mut q = QueryBuilder::<Sqlite>::new(select);
+        let mut list = q.separated(", ");
+        for id in chunk {
+            list.push_bind(*id);
+        }
+        q.push(")");
+        rows.extend(
+            q.build()
+                .fetch_all(&store.reader)
+                .await
+                .map_err(from_sqlx)?,
+        );
+    }
+    Ok(rows)
 }
 
 /// Most requests picked by one statement of [`claim_many`]: SQLite allows
