@@ -1,8 +1,7 @@
 //! Column lists and row decoding. Every query selects the same aliased
 //! columns (`d_*` deliveries, `e_*` events, `s_*` subscriptions), so one
-//! decoder per record serves plain reads and the claim's join alike.
+//! decoder per record serves plain reads and the claim's read-back alike.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -14,8 +13,8 @@ use hookd_domain::subscription::{RetryPolicy, SigningKeys, SubscriptionState};
 use hookd_domain::{CustomerId, DeliveryId, EventId, JobId, SubscriptionId};
 use hookd_store::crypto::Keyring;
 use hookd_store::{
-    Attempt, AttemptCount, ClaimedDelivery, Delivery, Event, JobState, Lease, RaisedSignal,
-    ReplayJob, Result, SignalKind, StoreError, Subscription, SubscriptionHealth,
+    Attempt, AttemptCount, Delivery, Event, JobState, RaisedSignal, ReplayJob, Result, SignalKind,
+    StoreError, Subscription, SubscriptionHealth,
 };
 use sqlx::Row;
 use sqlx::postgres::PgRow;
@@ -197,42 +196,6 @@ pub(crate) fn delivery(row: &PgRow) -> Result<Delivery> {
 /// The lease token a delivery row carries (meaningful while `inflight`).
 pub(crate) fn lease_token(row: &PgRow) -> Result<i64> {
     get(row, "d_lease_token")
-}
-
-/// A claimed row of the claim statements (delivery columns only): the
-/// delivery with its lease, and its event and subscription from those the
-/// claim read back once each (`PgStore::read_back`), so a claim of hundreds
-/// of rows opens each secret and parses each URL and policy once.
-pub(crate) fn claimed(
-    row: &PgRow,
-    events: &HashMap<Uuid, Event>,
-    subs: &HashMap<Uuid, Subscription>,
-) -> Result<ClaimedDelivery> {
-    let delivery = delivery(row)?;
-    let event_id: Uuid = get(row, "d_event_id")?;
-    let sub_id: Uuid = get(row, "d_sub_id")?;
-    let event = events
-        .get(&event_id)
-        .ok_or_else(|| corrupt("claimed delivery", format!("event {event_id} not found")))?
-        .clone();
-    let subscription = subs
-        .get(&sub_id)
-        .ok_or_else(|| {
-            corrupt(
-                "claimed delivery",
-                format!("subscription {sub_id} not found"),
-            )
-        })?
-        .clone();
-    Ok(ClaimedDelivery {
-        lease: Lease {
-            delivery_id: delivery.id,
-            token: lease_token(row)?,
-        },
-        delivery,
-        event,
-        subscription,
-    })
 }
 
 /// An attempt and the delivery it belongs to.

@@ -1,7 +1,7 @@
 //! The [`Store`] implementation: one SQL statement per method where the
 //! contract allows, one transaction where it names one.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -10,7 +10,7 @@ use hookd_domain::CustomerId;
 use hookd_domain::subscription::SubscriptionState;
 use hookd_domain::{DeliveryId, EventId, JobId, SubscriptionId, Timestamp};
 use hookd_store::{
-    Accepted, Attempt, AttemptRecord, Backlog, BatchOutcome, ClaimOrder, ClaimRequest,
+    Accepted, Attempt, AttemptRecord, Backlog, BatchOutcome, ClaimOrder, ClaimParts, ClaimRequest,
     ClaimedDelivery, DailyStats, Delivery, DeliveryDetail, DeliveryQuery, DueDestination,
     DueSubscription, Event, IngestClaim, JobStep, Lease, NewDelivery, NewEvent, NewReplayJob,
     NewSubscription, NewToken, NextState, Notice, RaisedSignal, RecordOutcome, ReplayJob, Result,
@@ -262,37 +262,23 @@ fn json(value: &impl serde::Serialize) -> Result<String> {
 }
 
 impl PgStore {
-    /// The events and subscriptions of claimed rows (`d_event_id`,
-    /// `d_sub_id`), each read once. A claim pass takes many rows of one event
-    /// (its fan-out, a row per destination) and of one subscription; reading
-    /// them back in the claim statement sent (and decoded) an event's
-    /// payload and a subscription's fifteen columns once per row. Both reads
-    /// run at once, after the claim's commit: the rows' foreign keys keep
-    /// their event and subscription from being removed, and a subscription
-    /// is "as it is now" either way. If a read fails, the call fails and its
-    /// rows stay leased until the lease expires and `reclaim_expired`
-    /// returns them, as after a claim whose worker went away.
-    async fn read_back(
+    /// The events and subscriptions of claimed `deliveries`, each read once
+    /// ([`ClaimParts`]). Both reads run at once, after the claim's commit:
+    /// the rows' foreign keys keep their event and subscription from being
+    /// removed, and a subscription is "as it is now" either way. If a read
+    /// fails, the call fails and its rows stay leased until the lease
+    /// expires and `reclaim_expired` returns them, as after a claim whose
+    /// worker went away.
+    async fn read_back<'a>(
         &self,
-        rows: &[PgRow],
-    ) -> Result<(HashMap<Uuid, Event>, HashMap<Uuid, Subscription>)> {
-        if rows.is_empty() {
-            return Ok((HashMap::new(), HashMap::new()));
+        deliveries: impl IntoIterator<Item = &'a Delivery>,
+    ) -> Result<ClaimParts> {
+        let (event_ids, sub_ids) = ClaimParts::ids(deliveries);
+        if event_ids.is_empty() {
+            return Ok(ClaimParts::default());
         }
-        let (mut event_ids, mut sub_ids) = (Vec::new(), Vec::new());
-        {
-            let (mut seen_e, mut seen_s) = (HashSet::new(), HashSet::new());
-            for row in rows {
-                let e: Uuid = row.try_get("d_event_id").map_err(map)?;
-                let s: Uuid = row.try_get("d_sub_id").map_err(map)?;
-                if seen_e.insert(e) {
-                    event_ids.push(e);
-                }
-                if seen_s.insert(s) {
-                    sub_ids.push(s);
-                }
-            }
-        }
+        let event_ids: Vec<Uuid> = event_ids.iter().map(|id| *id.as_uuid()).collect();
+        let sub_ids: Vec<Uuid> = sub_ids.iter().map(|id| *id.as_uuid()).collect();
         let events = sqlx::query(concat!(
             "SELECT ",
             event_cols!(),
@@ -308,15 +294,16 @@ impl PgStore {
         .bind(&sub_ids)
         .fetch_all(&self.pool);
         let (events, subs) = futures::future::try_join(events, subs).await.map_err(map)?;
-        let events = events
-            .iter()
-            .map(|row| rows::event(row).map(|e| (*e.id.as_uuid(), e)))
-            .collect::<Result<HashMap<_, _>>>()?;
-        let subs = subs
-            .iter()
-            .map(|row| rows::subscription(row, &self.keyring).map(|s| (*s.id.as_uuid(), s)))
-            .collect::<Result<HashMap<_, _>>>()?;
-        Ok((events, subs))
+        Ok(ClaimParts {
+            events: events
+                .iter()
+                .map(|row| rows::event(row).map(|e| (e.id, e)))
+                .collect::<Result<_>>()?,
+            subscriptions: subs
+                .iter()
+                .map(|row| rows::subscription(row, &self.keyring).map(|s| (s.id, s)))
+                .collect::<Result<_>>()?,
+        })
     }
 
     /// Claims for `members` of `reqs` (one variant: all filter by
@@ -380,16 +367,22 @@ impl PgStore {
                 .await
                 .map_err(map)?;
             commit(tx).await?;
-            let (events, subs) = self.read_back(&rows).await?;
+            let claimed = rows
+                .iter()
+                .map(|row| {
+                    let idx: i64 = row.try_get("r_idx").map_err(map)?;
+                    Ok((idx, rows::delivery(row)?, rows::lease_token(row)?))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let parts = self.read_back(claimed.iter().map(|(_, d, _)| d)).await?;
             let mut out: Vec<(usize, Vec<ClaimedDelivery>)> =
                 members.iter().map(|&i| (i, Vec::new())).collect();
-            for row in &rows {
-                let idx: i64 = row.try_get("r_idx").map_err(map)?;
+            for (idx, delivery, token) in claimed {
                 let slot = usize::try_from(idx - 1)
                     .ok()
                     .and_then(|k| out.get_mut(k))
                     .ok_or_else(|| StoreError::Corrupt(format!("claim row for request {idx}")))?;
-                slot.1.push(rows::claimed(row, &events, &subs)?);
+                slot.1.push(parts.claimed(delivery, token)?);
             }
             Ok(out)
         })
@@ -1553,9 +1546,14 @@ impl Store for PgStore {
                 claim = claim.bind(sub.as_uuid());
             }
             let rows = claim.fetch_all(&self.pool).await.map_err(map)?;
-            let (events, subs) = self.read_back(&rows).await?;
-            rows.iter()
-                .map(|row| rows::claimed(row, &events, &subs))
+            let claimed = rows
+                .iter()
+                .map(|row| Ok((rows::delivery(row)?, rows::lease_token(row)?)))
+                .collect::<Result<Vec<_>>>()?;
+            let parts = self.read_back(claimed.iter().map(|(d, _)| d)).await?;
+            claimed
+                .into_iter()
+                .map(|(delivery, token)| parts.claimed(delivery, token))
                 .collect()
         })
         .await

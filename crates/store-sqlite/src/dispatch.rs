@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use hookd_domain::{DeliveryId, SubscriptionId};
 use hookd_store::{
-    AttemptRecord, ClaimOrder, ClaimRequest, ClaimedDelivery, Delivery, DueDestination,
-    DueSubscription, Event, Lease, MAX_SNIPPET_BYTES, NextState, RecordOutcome, Result, StoreError,
-    StreakChange, Subscription,
+    AttemptRecord, ClaimOrder, ClaimParts, ClaimRequest, ClaimedDelivery, Delivery, DueDestination,
+    DueSubscription, Lease, MAX_SNIPPET_BYTES, NextState, RecordOutcome, Result, StoreError,
+    StreakChange,
 };
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 use uuid::Uuid;
@@ -224,102 +224,59 @@ pub(crate) async fn claim_many(
         left = later;
     }
 
-    // RETURNING cannot join, so load the claimed rows in one query per
-    // batch of ids (one, for any sane pass) while the write lock is held;
-    // their events and subscriptions come after the commit.
+    // RETURNING cannot join, so load the claimed rows (one query per
+    // IDS_PER_QUERY ids: one, for any sane pass) while the write lock is
+    // held; their events and subscriptions come after the commit.
     let all: Vec<Uuid> = ids.iter().flatten().copied().collect();
-    let mut rows = Vec::with_capacity(all.len());
-    for chunk in all.chunks(IDS_PER_QUERY) {
-        let mut q = QueryBuilder::<Sqlite>::new(concat!(
-            "SELECT ",
-            delivery_columns!(),
-            " FROM deliveries d WHERE d.delivery_id IN ("
-        ));
-        let mut list = q.separated(", ");
-        for id in chunk {
-            list.push_bind(*id);
-        }
-        q.push(")");
-        rows.extend(q.build().fetch_all(&mut *tx).await.map_err(from_sqlx)?);
-    }
+    let select = concat!(
+        "SELECT ",
+        delivery_columns!(),
+        " FROM deliveries d WHERE d.delivery_id IN ("
+    );
+    let rows = read_in(&mut tx, select, &all).await?;
     // Decoded after the commit: the write lock is not held while the async
     // side works through the rows. A row that fails to decode fails the
     // call; its delivery stays leased until the lease expires, as after any
     // claim whose worker went away.
     tx.commit().await.map_err(from_sqlx)?;
-    let mut claimed_rows = Vec::with_capacity(rows.len());
-    for row in &rows {
-        claimed_rows.push(codec::delivery(row)?);
-    }
-    // Each event and subscription read once, on a reader, not once per row:
-    // a pass claims an event's fan-out (a row per destination) and many rows
-    // of one subscription, and the one writer is what every claim, record
-    // and ingest waits for. The rows' foreign keys keep both from being
-    // removed; a subscription is "as it is now" either way. Each is decoded
-    // (a secret opened, a URL and policy parsed) once.
-    let (mut event_ids, mut sub_ids) = (Vec::new(), Vec::new());
-    {
-        let (mut seen_e, mut seen_s) = (
-            std::collections::HashSet::new(),
-            std::collections::HashSet::new(),
+    let claimed = rows
+        .iter()
+        .map(codec::delivery)
+        .collect::<Result<Vec<_>>>()?;
+    // Each event and subscription read once ([`ClaimParts`]), on a reader:
+    // the one writer is what every claim, record and ingest waits for. The
+    // rows' foreign keys keep both from being removed; a subscription is
+    // "as it is now" either way.
+    let (event_ids, sub_ids) = ClaimParts::ids(claimed.iter().map(|(d, _)| d));
+    let mut parts = ClaimParts::default();
+    if !claimed.is_empty() {
+        let mut conn = store.reader.acquire().await.map_err(from_sqlx)?;
+        let select = concat!(
+            "SELECT ",
+            event_columns!(),
+            " FROM events e WHERE e.event_id IN ("
         );
-        for (d, _) in &claimed_rows {
-            if seen_e.insert(*d.event_id.as_uuid()) {
-                event_ids.push(*d.event_id.as_uuid());
-            }
-            if seen_s.insert(*d.sub_id.as_uuid()) {
-                sub_ids.push(*d.sub_id.as_uuid());
-            }
+        let ids: Vec<Uuid> = event_ids.iter().map(|id| *id.as_uuid()).collect();
+        for row in read_in(&mut conn, select, &ids).await? {
+            let e = codec::event(&row)?;
+            parts.events.insert(e.id, e);
+        }
+        let select = concat!(
+            "SELECT ",
+            subscription_columns!(),
+            " FROM subscriptions s WHERE s.sub_id IN ("
+        );
+        let ids: Vec<Uuid> = sub_ids.iter().map(|id| *id.as_uuid()).collect();
+        for row in read_in(&mut conn, select, &ids).await? {
+            let s = codec::subscription(&row, &store.keyring)?;
+            parts.subscriptions.insert(s.id, s);
         }
     }
-    let mut events: std::collections::HashMap<Uuid, Event> =
-        std::collections::HashMap::with_capacity(event_ids.len());
-    let mut subs: std::collections::HashMap<Uuid, Subscription> =
-        std::collections::HashMap::with_capacity(sub_ids.len());
-    let select = concat!(
-        "SELECT ",
-        event_columns!(),
-        " FROM events e WHERE e.event_id IN ("
-    );
-    for row in read_in(store, select, &event_ids).await? {
-        let e = codec::event(&row)?;
-        events.insert(*e.id.as_uuid(), e);
-    }
-    let select = concat!(
-        "SELECT ",
-        subscription_columns!(),
-        " FROM subscriptions s WHERE s.sub_id IN ("
-    );
-    for row in read_in(store, select, &sub_ids).await? {
-        let s = codec::subscription(&row, &store.keyring)?;
-        subs.insert(*s.id.as_uuid(), s);
-    }
     let mut loaded: std::collections::HashMap<Uuid, ClaimedDelivery> =
-        std::collections::HashMap::with_capacity(all.len());
-    for (delivery, token) in claimed_rows {
-        let missing = |what: &str, id: Uuid| {
-            StoreError::Corrupt(format!("claimed delivery: {what} {id} not found"))
-        };
-        let event = events
-            .get(delivery.event_id.as_uuid())
-            .ok_or_else(|| missing("event", *delivery.event_id.as_uuid()))?
-            .clone();
-        let subscription = subs
-            .get(delivery.sub_id.as_uuid())
-            .ok_or_else(|| missing("subscription", *delivery.sub_id.as_uuid()))?
-            .clone();
-        loaded.insert(
-            *delivery.id.as_uuid(),
-            ClaimedDelivery {
-                lease: Lease {
-                    delivery_id: delivery.id,
-                    token,
-                },
-                event,
-                subscription,
-                delivery,
-            },
-        );
+        std::collections::HashMap::with_capacity(claimed.len());
+    for (delivery, token) in claimed {
+        let id = *delivery.id.as_uuid();
+        loaded.insert(id, parts.claimed(delivery, token)?);
     }
     let mut out = Vec::with_capacity(reqs.len());
     for (req, ids) in reqs.iter().zip(ids) {
@@ -335,10 +292,10 @@ pub(crate) async fn claim_many(
     Ok(out)
 }
 
-/// The rows of `select` (a query ending in `IN (`) for `ids`, on a reader,
+/// The rows of `select` (a query ending in `IN (`) for `ids`, on `conn`,
 /// [`IDS_PER_QUERY`] ids per statement.
 async fn read_in(
-    store: &SqliteStore,
+    conn: &mut SqliteConnection,
     select: &'static str,
     ids: &[Uuid],
 ) -> Result<Vec<sqlx::sqlite::SqliteRow>> {
@@ -350,12 +307,7 @@ async fn read_in(
             list.push_bind(*id);
         }
         q.push(")");
-        rows.extend(
-            q.build()
-                .fetch_all(&store.reader)
-                .await
-                .map_err(from_sqlx)?,
-        );
+        rows.extend(q.build().fetch_all(&mut *conn).await.map_err(from_sqlx)?);
     }
     Ok(rows)
 }

@@ -306,6 +306,68 @@ pub struct ClaimedDelivery {
     pub subscription: Subscription,
 }
 
+/// The events and subscriptions of a claim's rows, each read once: a pass
+/// claims an event's fan-out (a row per destination) and many rows of one
+/// subscription, so reading them with every row sent and decoded an event's
+/// payload once per destination. A backend reads the rows' delivery columns,
+/// then [`ClaimParts::ids`], then those events and subscriptions, and puts
+/// each claimed delivery together with [`ClaimParts::claimed`].
+#[derive(Debug, Default)]
+pub struct ClaimParts {
+    /// By id.
+    pub events: std::collections::HashMap<EventId, Event>,
+    /// By id, decoded (secrets opened) once each.
+    pub subscriptions: std::collections::HashMap<SubscriptionId, Subscription>,
+}
+
+impl ClaimParts {
+    /// The distinct event and subscription ids of `deliveries`.
+    pub fn ids<'a>(
+        deliveries: impl IntoIterator<Item = &'a Delivery>,
+    ) -> (Vec<EventId>, Vec<SubscriptionId>) {
+        let mut events = std::collections::HashSet::new();
+        let mut subscriptions = std::collections::HashSet::new();
+        for d in deliveries {
+            events.insert(d.event_id);
+            subscriptions.insert(d.sub_id);
+        }
+        (
+            events.into_iter().collect(),
+            subscriptions.into_iter().collect(),
+        )
+    }
+
+    /// `delivery`, claimed with `token`, with its event and subscription;
+    /// `Corrupt` if either was not read (a row's foreign keys keep both).
+    pub fn claimed(&self, delivery: Delivery, token: i64) -> crate::Result<ClaimedDelivery> {
+        let missing = |what: &str, id: &dyn std::fmt::Display| {
+            crate::StoreError::Corrupt(format!(
+                "claimed delivery {}: {what} {id} not found",
+                delivery.id
+            ))
+        };
+        let event = self
+            .events
+            .get(&delivery.event_id)
+            .ok_or_else(|| missing("event", &delivery.event_id))?
+            .clone();
+        let subscription = self
+            .subscriptions
+            .get(&delivery.sub_id)
+            .ok_or_else(|| missing("subscription", &delivery.sub_id))?
+            .clone();
+        Ok(ClaimedDelivery {
+            lease: Lease {
+                delivery_id: delivery.id,
+                token,
+            },
+            delivery,
+            event,
+            subscription,
+        })
+    }
+}
+
 /// What an attempt ends in, for the delivery row.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NextState {
@@ -871,4 +933,53 @@ pub fn group_due_by_host(
         }
     }
     due
+}
+
+#[cfg(test)]
+mod claim_parts_tests {
+    use super::*;
+
+    fn delivery(event_id: EventId, sub_id: SubscriptionId) -> Delivery {
+        let t = chrono::DateTime::UNIX_EPOCH;
+        Delivery {
+            id: DeliveryId::new(),
+            event_id,
+            sub_id,
+            event_type: EventType::parse("order.paid").unwrap(),
+            destination_host: "example.com".into(),
+            state: DeliveryState::Inflight,
+            attempt: 0,
+            next_attempt_at: t,
+            last_status: None,
+            last_error: None,
+            created_at: t,
+            window_start: t,
+            updated_at: t,
+        }
+    }
+
+    #[test]
+    fn each_event_and_subscription_is_asked_for_once() {
+        let (e1, e2) = (EventId::new(), EventId::new());
+        let (s1, s2) = (SubscriptionId::new(), SubscriptionId::new());
+        let rows = [delivery(e1, s1), delivery(e1, s2), delivery(e2, s1)];
+        let (mut events, mut subs) = ClaimParts::ids(&rows);
+        events.sort();
+        subs.sort();
+        let (mut want_e, mut want_s) = (vec![e1, e2], vec![s1, s2]);
+        want_e.sort();
+        want_s.sort();
+        assert_eq!(events, want_e);
+        assert_eq!(subs, want_s);
+    }
+
+    #[test]
+    fn a_claimed_row_whose_event_was_not_read_is_corrupt() {
+        let d = delivery(EventId::new(), SubscriptionId::new());
+        let err = ClaimParts::default().claimed(d, 1).unwrap_err();
+        assert!(
+            matches!(&err, crate::StoreError::Corrupt(m) if m.contains("event")),
+            "{err:?}"
+        );
+    }
 }
