@@ -14,13 +14,13 @@ use hookd_store::{
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 use uuid::Uuid;
 
-use crate::SqliteStore;
 use crate::codec::{
     self, after, delivery_columns, duration_ms, event_columns, from_ms, now_ms,
     subscription_columns, to_ms,
 };
 use crate::error::from_sqlx;
 use crate::subscriptions::DELETED;
+use crate::{SqliteStore, keep_prepared};
 
 /// Ids per `IN (…)` list, far below SQLite's limit on bound values; a claim
 /// batch fits in one statement.
@@ -307,7 +307,10 @@ async fn read_in(
             list.push_bind(*id);
         }
         q.push(")");
-        rows.extend(q.build().fetch_all(&mut *conn).await.map_err(from_sqlx)?);
+        let q = q
+            .build()
+            .persistent(keep_prepared(chunk.len(), IDS_PER_QUERY));
+        rows.extend(q.fetch_all(&mut *conn).await.map_err(from_sqlx)?);
     }
     Ok(rows)
 }
@@ -357,6 +360,7 @@ async fn pick_each(
     // Safe to run as built: it holds only this function's fixed fragments
     // and parameter numbers; every value is bound.
     let mut q = sqlx::query_as::<_, (Uuid, String, Uuid)>(sqlx::AssertSqlSafe(sql))
+        .persistent(keep_prepared(which.len(), PICKS_PER_STATEMENT))
         .bind(after(now, lease))
         .bind(worker)
         .bind(now);
@@ -579,6 +583,7 @@ pub(crate) async fn record_attempts(
         );
         let rows: Vec<(Uuid, i64, Uuid)> = q
             .build_query_as()
+            .persistent(keep_prepared(chunk.len(), RECORDS_PER_STATEMENT))
             .fetch_all(&mut *tx)
             .await
             .map_err(from_sqlx)?;
@@ -607,6 +612,7 @@ pub(crate) async fn record_attempts(
         q.push(")");
         let rows: Vec<(Uuid, Uuid)> = q
             .build_query_as()
+            .persistent(keep_prepared(chunk.len(), IDS_PER_QUERY))
             .fetch_all(&mut *tx)
             .await
             .map_err(from_sqlx)?;
@@ -663,7 +669,10 @@ pub(crate) async fn record_attempts(
                 .push_bind(a.response_snippet.as_deref().map(clip).map(str::to_owned))
                 .push_bind((*outcome == RecordOutcome::Recorded).then_some(caused));
         });
-        q.build().execute(&mut *tx).await.map_err(|e| match e {
+        let q = q
+            .build()
+            .persistent(keep_prepared(chunk.len(), RECORDS_PER_STATEMENT));
+        q.execute(&mut *tx).await.map_err(|e| match e {
             // The only foreign key is the delivery: it does not exist.
             sqlx::Error::Database(ref db) if db.is_foreign_key_violation() => StoreError::NotFound,
             e => from_sqlx(e),
@@ -689,7 +698,9 @@ pub(crate) async fn record_attempts(
                  (CASE v.kind WHEN 'end' THEN NULL WHEN 'restart' THEN v.t \
                   ELSE COALESCE(subscriptions.failing_since, v.t) END)",
         );
-        q.build().execute(&mut *tx).await.map_err(from_sqlx)?;
+        // No full size here: one row per subscription in the batch.
+        let q = q.build().persistent(keep_prepared(streaks.len(), 0));
+        q.execute(&mut *tx).await.map_err(from_sqlx)?;
     }
     tx.commit().await.map_err(from_sqlx)?;
     Ok(outcomes)

@@ -10,11 +10,11 @@ use hookd_store::{FanoutBacklog, FanoutStep, LazyFanout, NewDelivery, NewEvent, 
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 use uuid::Uuid;
 
-use crate::SqliteStore;
 use crate::codec::now_ms;
 use crate::error::{corrupt, from_sqlx};
 use crate::ingest::insert_deliveries;
 use crate::subscriptions::DELETED;
+use crate::{SqliteStore, keep_prepared};
 
 /// Subscription ids per `IN (…)` lookup: one bound value each.
 const IDS_PER_LOOKUP: usize = 1000;
@@ -46,6 +46,7 @@ async fn flags_of(
         q.push(")");
         let rows: Vec<(Uuid, bool, bool)> = q
             .build_query_as()
+            .persistent(keep_prepared(chunk.len(), IDS_PER_LOOKUP))
             .fetch_all(&mut *conn)
             .await
             .map_err(from_sqlx)?;
@@ -197,6 +198,7 @@ pub(crate) async fn materialize(store: &SqliteStore) -> Result<Option<FanoutStep
         q.push(" ON CONFLICT DO NOTHING");
         created += q
             .build()
+            .persistent(keep_prepared(chunk.len(), ROWS_PER_INSERT))
             .execute(&mut *tx)
             .await
             .map_err(from_sqlx)?

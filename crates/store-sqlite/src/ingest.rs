@@ -10,9 +10,9 @@ use sqlx::error::ErrorKind;
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 use uuid::Uuid;
 
-use crate::SqliteStore;
 use crate::codec::{self, event_columns, now_ms};
 use crate::error::from_sqlx;
+use crate::{SqliteStore, keep_prepared};
 
 /// Delivery rows per INSERT statement. Each row binds 9 values, so this
 /// stays far below SQLite's limit of 32,766 bound values per statement,
@@ -123,6 +123,16 @@ async fn insert_claiming(
         claim.map(|c| now.saturating_add(i64::try_from(c.lease.as_millis()).unwrap_or(i64::MAX)));
     let mut leases = Vec::new();
     for chunk in rows.chunks(DELIVERIES_PER_INSERT) {
+        // A row's claim columns are literals, so a chunk mixing claimed and
+        // pending rows has a shape of its own: never kept prepared.
+        let claimed = claim.map_or(0, |c| {
+            chunk
+                .iter()
+                .filter(|(_, d)| c.deliveries.contains(&d.id))
+                .count()
+        });
+        let keep = (claimed == 0 || claimed == chunk.len())
+            && keep_prepared(chunk.len(), DELIVERIES_PER_INSERT);
         let mut q = QueryBuilder::<Sqlite>::new(
             "INSERT INTO deliveries (delivery_id, event_id, sub_id, event_type, destination_host, state, \
              attempt, next_attempt_at, lease_token, lease_expires, worker_id, created_at, window_start, \
@@ -159,7 +169,11 @@ async fn insert_claiming(
             }
             row.push_bind(now).push_bind(now).push_bind(now);
         });
-        q.build().execute(&mut *conn).await.map_err(from_sqlx)?;
+        q.build()
+            .persistent(keep)
+            .execute(&mut *conn)
+            .await
+            .map_err(from_sqlx)?;
     }
     Ok(leases)
 }
@@ -285,6 +299,7 @@ async fn accept_all_in(
         q.push(")");
         let rows: Vec<(String, Uuid)> = q
             .build_query_as()
+            .persistent(keep_prepared(chunk.len(), KEYS_PER_LOOKUP))
             .fetch_all(&mut *conn)
             .await
             .map_err(from_sqlx)?;
@@ -335,7 +350,11 @@ async fn accept_all_in(
                 .push_bind(event.customer_id.as_ref().map(|c| c.as_str()))
                 .push_bind(now);
         });
-        q.build().execute(&mut *conn).await.map_err(from_sqlx)?;
+        q.build()
+            .persistent(keep_prepared(chunk.len(), EVENTS_PER_INSERT))
+            .execute(&mut *conn)
+            .await
+            .map_err(from_sqlx)?;
     }
     let leases = insert_claiming(conn, now, &new_deliveries, claim).await?;
     for (event, deliveries) in lazy {

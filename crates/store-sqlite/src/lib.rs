@@ -111,6 +111,25 @@ const READ_CONNECTIONS: u32 = 4;
 /// the write lock was held.
 const ROW_BUFFER: usize = 4096;
 
+/// Whether a statement built for `rows` rows (or ids, or terms), where a
+/// full statement holds `full`, stays prepared in its connection's
+/// statement cache. sqlx keeps up to 100 prepared statements a connection,
+/// and a statement built for a batch has one shape per size. Kept, every
+/// size seen (an ingest's 1 to 500 rows, a record batch's, a claim's id
+/// list) stayed prepared, each a compiled program as large as its
+/// parameter list: the SQLite `backlog` benchmark peaked at 228 MiB, and
+/// at 173 MiB with this rule (docs/benchmarks.md, session 15). Batches of
+/// up to [`KEEP_PREPARED_UP_TO`] rows and full chunks recur, so they stay;
+/// any other size is prepared, run and finalised.
+pub(crate) fn keep_prepared(rows: usize, full: usize) -> bool {
+    rows <= KEEP_PREPARED_UP_TO || rows == full
+}
+
+/// The batch sizes [`keep_prepared`] always keeps: those of a service
+/// under its usual concurrency. With 8, `single` (batches of up to 64
+/// ingests) re-prepared most of its inserts and ran 3–11 % slower.
+const KEEP_PREPARED_UP_TO: usize = 64;
+
 /// The SQLite store.
 ///
 /// Cheap to share behind an `Arc`; both pools are internally synchronized.

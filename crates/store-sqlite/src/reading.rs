@@ -11,9 +11,9 @@ use hookd_store::{
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 use uuid::Uuid;
 
-use crate::SqliteStore;
 use crate::codec::{self, attempt_columns, delivery_columns, from_ms, to_ms};
 use crate::error::{corrupt, from_sqlx};
+use crate::{SqliteStore, keep_prepared};
 
 /// Ids per `IN (…)` list, far below SQLite's limit on bound values; a page
 /// of the delivery log fits in one statement.
@@ -37,7 +37,10 @@ async fn attempts_of(
             list.push_bind(*id);
         }
         q.push(") ORDER BY a.attempt_id");
-        for row in q.build().fetch_all(&mut *conn).await.map_err(from_sqlx)? {
+        let q = q
+            .build()
+            .persistent(keep_prepared(chunk.len(), IDS_PER_QUERY));
+        for row in q.fetch_all(&mut *conn).await.map_err(from_sqlx)? {
             let (delivery_id, attempt) = codec::attempt(&row)?;
             by_delivery.entry(delivery_id).or_default().push(attempt);
         }
