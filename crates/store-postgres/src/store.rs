@@ -74,7 +74,7 @@ macro_rules! claim_sql {
     ($filter:literal, $order:literal) => {
         concat!(
             "WITH due AS ( \
-                 SELECT d.delivery_id FROM deliveries d JOIN subscriptions s ON s.sub_id = d.sub_id \
+                 SELECT d.delivery_id, d.retain_from FROM deliveries d JOIN subscriptions s ON s.sub_id = d.sub_id \
                  WHERE d.destination_host = $1 ",
             $filter,
             " AND ",
@@ -85,7 +85,8 @@ macro_rules! claim_sql {
              ), claimed AS ( \
                  UPDATE deliveries u SET state = 'inflight', lease_token = u.lease_token + 1, \
                    lease_expires = now() + $3 * interval '1 microsecond', worker_id = $4, updated_at = now() \
-                 FROM due WHERE u.delivery_id = due.delivery_id RETURNING u.* \
+                 FROM due WHERE u.delivery_id = due.delivery_id AND u.retain_from = due.retain_from \
+                 RETURNING u.* \
              ) SELECT ",
             delivery_cols!(),
             " FROM claimed d ORDER BY ",
@@ -109,8 +110,8 @@ macro_rules! claim_batch_sql {
                  SELECT * FROM unnest($1::text[], $2::uuid[], $3::bigint[]) WITH ORDINALITY \
                    AS r(host, sub, lim, idx) \
              ), due AS ( \
-                 SELECT p.delivery_id, r.idx FROM r CROSS JOIN LATERAL ( \
-                     SELECT d.delivery_id FROM deliveries d JOIN subscriptions s ON s.sub_id = d.sub_id \
+                 SELECT p.delivery_id, p.retain_from, r.idx FROM r CROSS JOIN LATERAL ( \
+                     SELECT d.delivery_id, d.retain_from FROM deliveries d JOIN subscriptions s ON s.sub_id = d.sub_id \
                      WHERE d.destination_host = r.host ",
             $filter,
             " AND ",
@@ -121,7 +122,8 @@ macro_rules! claim_batch_sql {
              ), claimed AS ( \
                  UPDATE deliveries u SET state = 'inflight', lease_token = u.lease_token + 1, \
                    lease_expires = now() + $4 * interval '1 microsecond', worker_id = $5, updated_at = now() \
-                 FROM due WHERE u.delivery_id = due.delivery_id RETURNING u.*, due.idx AS r_idx \
+                 FROM due WHERE u.delivery_id = due.delivery_id AND u.retain_from = due.retain_from \
+                 RETURNING u.*, due.idx AS r_idx \
              ) SELECT d.r_idx, ",
             delivery_cols!(),
             " FROM claimed d ORDER BY d.r_idx, ",
@@ -481,6 +483,15 @@ const GENERATION_MOVED: &str = "HKD01";
 // for every id: recording 500 attempts at 200,000 rows took 1.2-3.5 s
 // instead of milliseconds. The expression proves nothing, so the lookup goes
 // by the primary key alone and the state is checked on the row found.
+//
+// Lookups by id. The primary key is (delivery_id, retain_from), one index
+// per day partition, so a row found by its id alone is looked for in every
+// day's index: with the default 7 days kept, eleven partitions (today's
+// three ahead included). A claim and a record name the row's retain_from as
+// well (the claim's pick reads it, a record reads it with the subscription),
+// so PostgreSQL prunes the other partitions at run time: recording 500
+// attempts against seven days of 300,000 rows took 25-33 ms by id alone,
+// 6-8 ms with the partition named (docs/benchmarks.md, session 15).
 
 /// Writes an event and its deliveries in `tx` (the outbox), or finds the
 /// event holding its idempotency key (`duplicate`, nothing written): all of
@@ -1617,7 +1628,11 @@ impl Store for PgStore {
             // Subscription row, then delivery row, then the attempt: the order
             // delete_subscription takes them in too, and deliveries before
             // attempts is the order retention locks the two tables in.
-            let Some(row) = sqlx::query("SELECT sub_id FROM deliveries WHERE delivery_id = $1")
+            // Its day partition too: the statements below name it, so each
+            // reads one partition's index, not every day's (see "Lookups by
+            // id" above).
+            let Some(row) =
+                sqlx::query("SELECT sub_id, retain_from FROM deliveries WHERE delivery_id = $1")
                 .bind(id)
                 .fetch_optional(&mut *tx)
                 .await
@@ -1628,6 +1643,7 @@ impl Store for PgStore {
                 return Ok(RecordOutcome::LeaseLost);
             };
             let sub: Uuid = row.try_get("sub_id").map_err(map)?;
+            let retain_from: Timestamp = row.try_get("retain_from").map_err(map)?;
             // The failing streak follows every attempt, recorded or not, and
             // writes the subscription row only when it changes.
             let streak = if matches!(record.next, NextState::Delivered) {
@@ -1656,7 +1672,8 @@ impl Store for PgStore {
                  next_attempt_at = CASE WHEN $6::bigint IS NULL THEN next_attempt_at \
                      ELSE now() + $6::bigint * interval '1 microsecond' END, \
                  lease_expires = NULL, worker_id = NULL, updated_at = now() \
-                 WHERE delivery_id = $1 AND (state || '') = 'inflight' AND lease_token = $2",
+                 WHERE delivery_id = $1 AND retain_from = $7 AND (state || '') = 'inflight' \
+                     AND lease_token = $2",
             )
             .bind(id)
             .bind(record.lease.token)
@@ -1664,6 +1681,7 @@ impl Store for PgStore {
             .bind(a.status.map(i32::from))
             .bind(record.last_error.as_deref())
             .bind(delay)
+            .bind(retain_from)
             .execute(&mut *tx)
             .await
             .map_err(map)?
@@ -1675,8 +1693,7 @@ impl Store for PgStore {
             sqlx::query(
                 "INSERT INTO attempts (delivery_id, number, started_at, duration_ms, status, error_class, \
                  response_snippet, outcome, retain_from) \
-                 SELECT $1, $2, $3, $4, $5, $6, $7, $8, d.retain_from FROM deliveries d \
-                 WHERE d.delivery_id = $1 LIMIT 1",
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
             )
             .bind(id)
             .bind(to_i32("attempt number", a.number)?)
@@ -1686,6 +1703,7 @@ impl Store for PgStore {
             .bind(a.error_class.map(|c| c.as_str()))
             .bind(a.response_snippet.as_deref())
             .bind(moved.then_some(outcome))
+            .bind(retain_from)
             .execute(&mut *tx)
             .await
             .map_err(map)?;
@@ -1705,19 +1723,33 @@ impl Store for PgStore {
                 .map(|r| *r.lease.delivery_id.as_uuid())
                 .collect();
             let mut tx = begin(self).await?;
-            // Each delivery's subscription, for the streaks. A delivery that
-            // is gone (its day dropped) gets LeaseLost and nothing else, as
-            // record_attempt does.
-            let subs: HashMap<Uuid, Uuid> =
-                sqlx::query("SELECT delivery_id, sub_id FROM deliveries WHERE delivery_id = ANY($1)")
-                    .bind(&ids)
-                    .fetch_all(&mut *tx)
-                    .await
-                    .map_err(map)?
-                    .iter()
-                    .map(|row| Ok((row.try_get("delivery_id")?, row.try_get("sub_id")?)))
-                    .collect::<std::result::Result<_, sqlx::Error>>()
-                    .map_err(map)?;
+            // Each delivery's subscription, for the streaks, and its day
+            // partition, which the statements below name so that each of
+            // their lookups reads one partition's index, not every day's
+            // (see "Lookups by id" above). A delivery that is gone (its day
+            // dropped) gets LeaseLost and nothing else, as record_attempt
+            // does. An in-flight row never changes day (retention carries
+            // only pending rows forward), so the day read here holds for
+            // every record whose lease still holds; one carried forward
+            // after this read was pending, its lease lost either way.
+            let found: HashMap<Uuid, (Uuid, Timestamp)> = sqlx::query(
+                "SELECT delivery_id, sub_id, retain_from FROM deliveries WHERE delivery_id = ANY($1)",
+            )
+            .bind(&ids)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(map)?
+            .iter()
+            .map(|row| {
+                Ok((
+                    row.try_get("delivery_id")?,
+                    (row.try_get("sub_id")?, row.try_get("retain_from")?),
+                ))
+            })
+            .collect::<std::result::Result<_, sqlx::Error>>()
+            .map_err(map)?;
+            let retains: Vec<Option<Timestamp>> =
+                ids.iter().map(|id| found.get(id).map(|&(_, r)| r)).collect();
             // The same lock order as record_attempt: subscription rows (only
             // those whose streak changes), then deliveries, then attempts.
             // One statement for all streaks, each folded over the batch in
@@ -1725,7 +1757,7 @@ impl Store for PgStore {
             // in one order.
             let mut streaks: HashMap<Uuid, StreakChange> = HashMap::new();
             for r in &records {
-                if let Some(sub) = subs.get(r.lease.delivery_id.as_uuid()) {
+                if let Some((sub, _)) = found.get(r.lease.delivery_id.as_uuid()) {
                     let delivered = matches!(r.next, NextState::Delivered);
                     let prev = streaks.get(sub).copied();
                     streaks.insert(
@@ -1793,9 +1825,10 @@ impl Store for PgStore {
                  next_attempt_at = CASE WHEN v.delay IS NULL THEN d.next_attempt_at \
                      ELSE now() + v.delay * interval '1 microsecond' END, \
                  lease_expires = NULL, worker_id = NULL, updated_at = now() \
-                 FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::integer[], $5::text[], $6::bigint[]) \
-                     AS v(delivery_id, token, state, status, last_error, delay) \
-                 WHERE d.delivery_id = v.delivery_id AND (d.state || '') = 'inflight' AND d.lease_token = v.token \
+                 FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::integer[], $5::text[], $6::bigint[], \
+                     $7::timestamptz[]) AS v(delivery_id, token, state, status, last_error, delay, retain_from) \
+                 WHERE d.delivery_id = v.delivery_id AND d.retain_from = v.retain_from \
+                     AND (d.state || '') = 'inflight' AND d.lease_token = v.token \
                  RETURNING d.delivery_id, v.token",
             )
             .bind(&ids)
@@ -1804,6 +1837,7 @@ impl Store for PgStore {
             .bind(&statuses)
             .bind(&errors)
             .bind(&delays)
+            .bind(&retains)
             .fetch_all(&mut *tx)
             .await
             .map_err(map)?;
@@ -1847,12 +1881,12 @@ impl Store for PgStore {
                 "INSERT INTO attempts (delivery_id, number, started_at, duration_ms, status, error_class, \
                  response_snippet, outcome, retain_from) \
                  SELECT v.delivery_id, v.number, v.started_at, v.duration_ms, v.status, v.error_class, \
-                     v.snippet, v.outcome, d.retain_from \
+                     v.snippet, v.outcome, v.retain_from \
                  FROM unnest($1::uuid[], $2::integer[], $3::timestamptz[], $4::bigint[], $5::integer[], \
-                     $6::text[], $7::text[], $8::text[]) WITH ORDINALITY \
-                     AS v(delivery_id, number, started_at, duration_ms, status, error_class, snippet, outcome, ord) \
-                 CROSS JOIN LATERAL (SELECT x.retain_from FROM deliveries x \
-                     WHERE x.delivery_id = v.delivery_id LIMIT 1) d \
+                     $6::text[], $7::text[], $8::text[], $9::timestamptz[]) WITH ORDINALITY \
+                     AS v(delivery_id, number, started_at, duration_ms, status, error_class, snippet, outcome, \
+                     retain_from, ord) \
+                 WHERE v.retain_from IS NOT NULL \
                  ORDER BY v.ord",
             )
             .bind(&ids)
@@ -1863,6 +1897,7 @@ impl Store for PgStore {
             .bind(&classes)
             .bind(&snippets)
             .bind(&caused)
+            .bind(&retains)
             .execute(&mut *tx)
             .await
             .map_err(map)?;

@@ -753,3 +753,81 @@ async fn a_drop_that_cannot_get_its_lock_is_left_for_a_later_pass() {
     reader.close().await.unwrap();
     f.finish().await;
 }
+
+/// Claims and records name the row's day partition (so PostgreSQL reads one
+/// partition's index, not every day's): a delivery in an old day is still
+/// claimed, recorded one at a time and in a batch, and its attempts land in
+/// its own day, beside it.
+#[tokio::test]
+async fn deliveries_of_an_old_day_are_claimed_and_recorded_in_their_own_partition() {
+    let Some(mut f) = fixture().await else { return };
+    let sub = f
+        .store
+        .create_subscription(new_sub("old-day.example", None))
+        .await
+        .unwrap();
+    let ids = [
+        ingest(&f.store, &[&sub]).await[0],
+        ingest(&f.store, &[&sub]).await[0],
+    ];
+    let old = f.age(&ids).await;
+    let old_deliveries = format!("deliveries_p{}", suffix(old));
+    let old_attempts = format!("attempts_p{}", suffix(old));
+
+    // Claimed by the batch statement, as the dispatcher claims.
+    let claimed = f
+        .store
+        .claim_many(&[ClaimRequest {
+            worker_id: "w".into(),
+            destination: sub.url.host().to_owned(),
+            subscription: Some(sub.id),
+            order: ClaimOrder::OldestFirst,
+            limit: 10,
+            lease: Duration::from_secs(60),
+        }])
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(claimed.len(), 2, "both old deliveries are claimed");
+    for c in &claimed {
+        let (delivery, _) = f.partitions_of(&c.delivery.id).await;
+        assert_eq!(
+            delivery, old_deliveries,
+            "the claim left the row in its day"
+        );
+    }
+
+    // One recorded alone, one in a batch.
+    record(&f.store, &claimed[0], 200, 3, NextState::Delivered).await;
+    let outcomes = f
+        .store
+        .record_attempts(vec![AttemptRecord {
+            lease: claimed[1].lease,
+            attempt: Attempt {
+                number: 1,
+                started_at: Utc::now(),
+                duration: Duration::from_millis(4),
+                status: Some(200),
+                error_class: None,
+                response_snippet: None,
+            },
+            next: NextState::Delivered,
+            last_error: None,
+        }])
+        .await
+        .unwrap();
+    assert_eq!(outcomes, vec![RecordOutcome::Recorded]);
+
+    for c in &claimed {
+        let detail = f.store.get_delivery(&c.delivery.id).await.unwrap();
+        assert_eq!(
+            detail.delivery.state,
+            hookd_domain::delivery::DeliveryState::Delivered
+        );
+        assert_eq!(detail.attempts.len(), 1);
+        let (delivery, attempts) = f.partitions_of(&c.delivery.id).await;
+        assert_eq!(delivery, old_deliveries);
+        assert_eq!(attempts, vec![old_attempts.clone()]);
+    }
+    f.finish().await;
+}
