@@ -115,6 +115,7 @@ pub(crate) mod tests {
             lease: Lease {
                 delivery_id: id,
                 token: 1,
+                partition: None,
             },
             delivery: Delivery {
                 id,

@@ -198,6 +198,12 @@ pub(crate) fn lease_token(row: &PgRow) -> Result<i64> {
     get(row, "d_lease_token")
 }
 
+/// The day partition a claimed row is in (`d_retain_from`, which the claim
+/// statements return beside the delivery's columns).
+pub(crate) fn partition(row: &PgRow) -> Result<DateTime<Utc>> {
+    get(row, "d_retain_from")
+}
+
 /// An attempt and the delivery it belongs to.
 pub(crate) fn attempt(row: &PgRow) -> Result<(Uuid, Attempt)> {
     let number: i32 = get(row, "number")?;

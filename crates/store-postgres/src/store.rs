@@ -89,7 +89,7 @@ macro_rules! claim_sql {
                  RETURNING u.* \
              ) SELECT ",
             delivery_cols!(),
-            " FROM claimed d ORDER BY ",
+            ", d.retain_from AS d_retain_from FROM claimed d ORDER BY ",
             $order
         )
     };
@@ -126,7 +126,7 @@ macro_rules! claim_batch_sql {
                  RETURNING u.*, due.idx AS r_idx \
              ) SELECT d.r_idx, ",
             delivery_cols!(),
-            " FROM claimed d ORDER BY d.r_idx, ",
+            ", d.retain_from AS d_retain_from FROM claimed d ORDER BY d.r_idx, ",
             $order
         )
     };
@@ -373,18 +373,24 @@ impl PgStore {
                 .iter()
                 .map(|row| {
                     let idx: i64 = row.try_get("r_idx").map_err(map)?;
-                    Ok((idx, rows::delivery(row)?, rows::lease_token(row)?))
+                    Ok((
+                        idx,
+                        rows::delivery(row)?,
+                        rows::lease_token(row)?,
+                        rows::partition(row)?,
+                    ))
                 })
                 .collect::<Result<Vec<_>>>()?;
-            let parts = self.read_back(claimed.iter().map(|(_, d, _)| d)).await?;
+            let parts = self.read_back(claimed.iter().map(|(_, d, _, _)| d)).await?;
             let mut out: Vec<(usize, Vec<ClaimedDelivery>)> =
                 members.iter().map(|&i| (i, Vec::new())).collect();
-            for (idx, delivery, token) in claimed {
+            for (idx, delivery, token, partition) in claimed {
                 let slot = usize::try_from(idx - 1)
                     .ok()
                     .and_then(|k| out.get_mut(k))
                     .ok_or_else(|| StoreError::Corrupt(format!("claim row for request {idx}")))?;
-                slot.1.push(parts.claimed(delivery, token)?);
+                slot.1
+                    .push(parts.claimed(delivery, token, Some(partition))?);
             }
             Ok(out)
         })
@@ -487,10 +493,12 @@ const GENERATION_MOVED: &str = "HKD01";
 // Lookups by id. The primary key is (delivery_id, retain_from), one index
 // per day partition, so a row found by its id alone is looked for in every
 // day's index: with the default 7 days kept, eleven partitions (today's
-// three ahead included). A claim and a record name the row's retain_from as
-// well (the claim's pick reads it, a record reads it with the subscription),
-// so PostgreSQL prunes the other partitions at run time: recording 500
-// attempts against seven days of 300,000 rows took 25-33 ms by id alone,
+// three ahead included). A claim's pick reads the row's retain_from and
+// names it in its UPDATE, and hands it out in the lease
+// (`Lease::partition`; at ingest, the transaction's now(), which the rows
+// were written with); a record and a renewal name it too, so PostgreSQL
+// prunes the other partitions at run time: recording 500 attempts against
+// seven days of 300,000 rows took 25-33 ms by id alone,
 // 6-8 ms with the partition named (docs/benchmarks.md, session 15).
 
 /// Writes an event and its deliveries in `tx` (the outbox), or finds the
@@ -772,8 +780,10 @@ async fn accept_in_one_call(
             .map(|(_, d)| c.deliveries.contains(&d.id))
             .collect()
     });
-    let inserted: Vec<Uuid> = match sqlx::query_scalar(
-        "SELECT id FROM hookd_accept_batch($1::bigint, $2::uuid[], $3::text[], $4::text[], \
+    // now(): the transaction's time, which the function wrote as every new
+    // row's retain_from (its day partition, for the leases).
+    let inserted: Vec<(Uuid, Timestamp)> = match sqlx::query_as(
+        "SELECT id, now() AS day FROM hookd_accept_batch($1::bigint, $2::uuid[], $3::text[], $4::text[], \
          $5::text[], $6::text[], $7::uuid[], $8::uuid[], $9::uuid[], $10::text[], $11::text[], \
          $12::boolean[], $13::text, make_interval(secs => $14::float8)) AS id",
     )
@@ -800,7 +810,9 @@ async fn accept_in_one_call(
         }
         Err(e) => return Err(map(e)),
     };
-    let inserted: std::collections::HashSet<Uuid> = inserted.into_iter().collect();
+    let day = inserted.first().map(|&(_, day)| day);
+    let inserted: std::collections::HashSet<Uuid> =
+        inserted.into_iter().map(|(id, _)| id).collect();
     // A claimed row was written exactly when its event was.
     let leases = match &d_claimed {
         Some(claimed) => rows
@@ -810,6 +822,7 @@ async fn accept_in_one_call(
             .map(|((_, d), _)| Lease {
                 delivery_id: d.id,
                 token: INGEST_CLAIM_TOKEN,
+                partition: day,
             })
             .collect(),
         None => Vec::new(),
@@ -1559,12 +1572,18 @@ impl Store for PgStore {
             let rows = claim.fetch_all(&self.pool).await.map_err(map)?;
             let claimed = rows
                 .iter()
-                .map(|row| Ok((rows::delivery(row)?, rows::lease_token(row)?)))
+                .map(|row| {
+                    Ok((
+                        rows::delivery(row)?,
+                        rows::lease_token(row)?,
+                        rows::partition(row)?,
+                    ))
+                })
                 .collect::<Result<Vec<_>>>()?;
-            let parts = self.read_back(claimed.iter().map(|(d, _)| d)).await?;
+            let parts = self.read_back(claimed.iter().map(|(d, _, _)| d)).await?;
             claimed
                 .into_iter()
-                .map(|(delivery, token)| parts.claimed(delivery, token))
+                .map(|(delivery, token, partition)| parts.claimed(delivery, token, Some(partition)))
                 .collect()
         })
         .await
@@ -1631,9 +1650,16 @@ impl Store for PgStore {
             // Its day partition too: the statements below name it, so each
             // reads one partition's index, not every day's (see "Lookups by
             // id" above).
-            let Some(row) =
-                sqlx::query("SELECT sub_id, retain_from FROM deliveries WHERE delivery_id = $1")
+            let find = match record.lease.partition {
+                Some(day) => sqlx::query(
+                    "SELECT sub_id, retain_from FROM deliveries WHERE delivery_id = $1 AND retain_from = $2",
+                )
                 .bind(id)
+                .bind(day),
+                None => sqlx::query("SELECT sub_id, retain_from FROM deliveries WHERE delivery_id = $1")
+                    .bind(id),
+            };
+            let Some(row) = find
                 .fetch_optional(&mut *tx)
                 .await
                 .map_err(map)?
@@ -1732,14 +1758,43 @@ impl Store for PgStore {
             // only pending rows forward), so the day read here holds for
             // every record whose lease still holds; one carried forward
             // after this read was pending, its lease lost either way.
-            let found: HashMap<Uuid, (Uuid, Timestamp)> = sqlx::query(
-                "SELECT delivery_id, sub_id, retain_from FROM deliveries WHERE delivery_id = ANY($1)",
+            // A lease of this store's claims names the day (the partition),
+            // so its row is read from that day alone; any other by id.
+            let (mut known, mut days, mut other) = (Vec::new(), Vec::new(), Vec::new());
+            for r in &records {
+                let id = *r.lease.delivery_id.as_uuid();
+                match r.lease.partition {
+                    Some(day) => {
+                        known.push(id);
+                        days.push(day);
+                    }
+                    None => other.push(id),
+                }
+            }
+            let mut rows = sqlx::query(
+                "SELECT d.delivery_id, d.sub_id, d.retain_from \
+                 FROM unnest($1::uuid[], $2::timestamptz[]) AS v(delivery_id, retain_from) \
+                 JOIN deliveries d ON d.delivery_id = v.delivery_id AND d.retain_from = v.retain_from",
             )
-            .bind(&ids)
+            .bind(&known)
+            .bind(&days)
             .fetch_all(&mut *tx)
             .await
-            .map_err(map)?
-            .iter()
+            .map_err(map)?;
+            if !other.is_empty() {
+                rows.extend(
+                    sqlx::query(
+                        "SELECT delivery_id, sub_id, retain_from FROM deliveries \
+                         WHERE delivery_id = ANY($1)",
+                    )
+                    .bind(&other)
+                    .fetch_all(&mut *tx)
+                    .await
+                    .map_err(map)?,
+                );
+            }
+            let found: HashMap<Uuid, (Uuid, Timestamp)> = rows
+                .iter()
             .map(|row| {
                 Ok((
                     row.try_get("delivery_id")?,
@@ -1909,14 +1964,27 @@ impl Store for PgStore {
 
     async fn renew_lease(&self, lease: &Lease, lease_for: Duration) -> Result<bool> {
         self.bounded(async {
-            let res = sqlx::query(
-                "UPDATE deliveries SET lease_expires = now() + $3 * interval '1 microsecond', updated_at = now() \
-                 WHERE delivery_id = $1 AND (state || '') = 'inflight' AND lease_token = $2",
-            )
-            .bind(lease.delivery_id.as_uuid())
-            .bind(lease.token)
-            .bind(micros(lease_for))
-            .execute(&self.pool)
+            // With the lease's day the statement reads that partition alone.
+            let renew = match lease.partition {
+                Some(day) => sqlx::query(
+                    "UPDATE deliveries SET lease_expires = now() + $3 * interval '1 microsecond', updated_at = now() \
+                     WHERE delivery_id = $1 AND retain_from = $4 AND (state || '') = 'inflight' \
+                         AND lease_token = $2",
+                )
+                .bind(lease.delivery_id.as_uuid())
+                .bind(lease.token)
+                .bind(micros(lease_for))
+                .bind(day),
+                None => sqlx::query(
+                    "UPDATE deliveries SET lease_expires = now() + $3 * interval '1 microsecond', updated_at = now() \
+                     WHERE delivery_id = $1 AND (state || '') = 'inflight' AND lease_token = $2",
+                )
+                .bind(lease.delivery_id.as_uuid())
+                .bind(lease.token)
+                .bind(micros(lease_for)),
+            };
+            let res = renew
+                .execute(&self.pool)
             .await
             .map_err(map)?;
             Ok(res.rows_affected() == 1)

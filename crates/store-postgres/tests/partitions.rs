@@ -373,9 +373,9 @@ async fn an_unfinished_delivery_of_an_expired_day_is_carried_forward_with_its_at
 
     // A second old day holds a delivery in flight: it is not carried (its
     // worker holds it) and its day stays until it finishes.
+    // Claimed after it moved to its old day, as a claim of an old day's row
+    // is: the lease names the row's day, which does not change in flight.
     let inflight = ingest(&f.store, &[&busy]).await[0];
-    let held = claim(&f.store, &busy).await;
-    assert_eq!(held.len(), 1);
     let busy_day = {
         let day = f.today().await - chrono::Duration::days(DAYS_AGO + 1);
         sqlx::query("SELECT hookd_day_partition($1)")
@@ -393,6 +393,8 @@ async fn an_unfinished_delivery_of_an_expired_day_is_carried_forward_with_its_at
         .unwrap();
         day
     };
+    let held = claim(&f.store, &busy).await;
+    assert_eq!(held.len(), 1);
 
     let report = f.store.enforce_retention(&policy()).await.unwrap();
     assert_eq!(report.partitions_dropped, 1, "{report:?}");
@@ -794,6 +796,15 @@ async fn deliveries_of_an_old_day_are_claimed_and_recorded_in_their_own_partitio
         assert_eq!(
             delivery, old_deliveries,
             "the claim left the row in its day"
+        );
+        let day = c.lease.partition.expect("a claim's lease names the day");
+        assert_eq!(day.date_naive(), old, "the lease names the row's own day");
+        // A renewal names the day too, and finds the row there.
+        assert!(
+            f.store
+                .renew_lease(&c.lease, Duration::from_secs(60))
+                .await
+                .unwrap()
         );
     }
 

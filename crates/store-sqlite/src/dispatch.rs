@@ -276,7 +276,7 @@ pub(crate) async fn claim_many(
         std::collections::HashMap::with_capacity(claimed.len());
     for (delivery, token) in claimed {
         let id = *delivery.id.as_uuid();
-        loaded.insert(id, parts.claimed(delivery, token)?);
+        loaded.insert(id, parts.claimed(delivery, token, None)?);
     }
     let mut out = Vec::with_capacity(reqs.len());
     for (req, ids) in reqs.iter().zip(ids) {

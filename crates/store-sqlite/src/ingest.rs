@@ -149,6 +149,7 @@ async fn insert_claiming(
                     leases.push(Lease {
                         delivery_id: d.id,
                         token: INGEST_CLAIM_TOKEN,
+                        partition: None,
                     });
                     row.push("'inflight'")
                         .push("0")

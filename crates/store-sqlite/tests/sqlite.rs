@@ -158,6 +158,7 @@ async fn an_attempt_for_an_unknown_delivery_is_not_found() {
         lease: Lease {
             delivery_id: DeliveryId::new(),
             token: 1,
+            partition: None,
         },
         attempt: Attempt {
             number: 1,

@@ -2137,6 +2137,7 @@ pub async fn renew_extends_only_a_live_lease(store: Arc<dyn Store>) {
     let bogus = Lease {
         delivery_id: c.lease.delivery_id,
         token: c.lease.token + 1000,
+        ..c.lease
     };
     assert!(!store.renew_lease(&bogus, LONG).await.unwrap());
 }

@@ -291,6 +291,11 @@ pub struct Lease {
     pub delivery_id: DeliveryId,
     /// The token written by the claim; a later claim writes a new one.
     pub token: i64,
+    /// Where the store keeps the row, if it keeps deliveries in parts:
+    /// PostgreSQL's day partition (`retain_from`), which does not change
+    /// while the delivery is in flight. A statement given it reads that one
+    /// partition's index; `None` (SQLite) finds the row by its id alone.
+    pub partition: Option<Timestamp>,
 }
 
 /// Everything a worker needs to make an attempt.
@@ -337,9 +342,15 @@ impl ClaimParts {
         )
     }
 
-    /// `delivery`, claimed with `token`, with its event and subscription;
-    /// `Corrupt` if either was not read (a row's foreign keys keep both).
-    pub fn claimed(&self, delivery: Delivery, token: i64) -> crate::Result<ClaimedDelivery> {
+    /// `delivery`, claimed with `token` (its row in `partition`, see
+    /// [`Lease::partition`]), with its event and subscription; `Corrupt` if
+    /// either was not read (a row's foreign keys keep both).
+    pub fn claimed(
+        &self,
+        delivery: Delivery,
+        token: i64,
+        partition: Option<Timestamp>,
+    ) -> crate::Result<ClaimedDelivery> {
         let missing = |what: &str, id: &dyn std::fmt::Display| {
             crate::StoreError::Corrupt(format!(
                 "claimed delivery {}: {what} {id} not found",
@@ -360,6 +371,7 @@ impl ClaimParts {
             lease: Lease {
                 delivery_id: delivery.id,
                 token,
+                partition,
             },
             delivery,
             event,
@@ -976,7 +988,7 @@ mod claim_parts_tests {
     #[test]
     fn a_claimed_row_whose_event_was_not_read_is_corrupt() {
         let d = delivery(EventId::new(), SubscriptionId::new());
-        let err = ClaimParts::default().claimed(d, 1).unwrap_err();
+        let err = ClaimParts::default().claimed(d, 1, None).unwrap_err();
         assert!(
             matches!(&err, crate::StoreError::Corrupt(m) if m.contains("event")),
             "{err:?}"
