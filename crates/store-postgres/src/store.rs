@@ -1757,9 +1757,9 @@ impl Store for PgStore {
             // does. An in-flight row never changes day (retention carries
             // only pending rows forward), so the day read here holds for
             // every record whose lease still holds; one carried forward
-            // after this read was pending, its lease lost either way.
-            // A lease of this store's claims names the day (the partition),
-            // so its row is read from that day alone; any other by id.
+            // after this read was pending, its lease lost either way. A
+            // lease of this store's claims names the day, so its row is read
+            // from that day alone; any other by id.
             let (mut known, mut days, mut other) = (Vec::new(), Vec::new(), Vec::new());
             for r in &records {
                 let id = *r.lease.delivery_id.as_uuid();

@@ -159,18 +159,20 @@ async fn ingest(store: &PgStore, subs: &[&Subscription]) -> Vec<DeliveryId> {
     ids
 }
 
+/// A claim of up to 10 of `sub`'s due deliveries, oldest first.
+fn request(sub: &Subscription) -> ClaimRequest {
+    ClaimRequest {
+        worker_id: "w".into(),
+        destination: sub.url.host().to_owned(),
+        subscription: Some(sub.id),
+        order: ClaimOrder::OldestFirst,
+        limit: 10,
+        lease: Duration::from_secs(60),
+    }
+}
+
 async fn claim(store: &PgStore, sub: &Subscription) -> Vec<ClaimedDelivery> {
-    store
-        .claim_due(&ClaimRequest {
-            worker_id: "w".into(),
-            destination: sub.url.host().to_owned(),
-            subscription: Some(sub.id),
-            order: ClaimOrder::OldestFirst,
-            limit: 10,
-            lease: Duration::from_secs(60),
-        })
-        .await
-        .unwrap()
+    store.claim_due(&request(sub)).await.unwrap()
 }
 
 async fn record(store: &PgStore, c: &ClaimedDelivery, status: u16, ms: u64, next: NextState) {
@@ -779,14 +781,7 @@ async fn deliveries_of_an_old_day_are_claimed_and_recorded_in_their_own_partitio
     // Claimed by the batch statement, as the dispatcher claims.
     let claimed = f
         .store
-        .claim_many(&[ClaimRequest {
-            worker_id: "w".into(),
-            destination: sub.url.host().to_owned(),
-            subscription: Some(sub.id),
-            order: ClaimOrder::OldestFirst,
-            limit: 10,
-            lease: Duration::from_secs(60),
-        }])
+        .claim_many(&[request(&sub)])
         .await
         .unwrap()
         .remove(0);
