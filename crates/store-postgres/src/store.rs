@@ -1650,15 +1650,16 @@ impl Store for PgStore {
             // Its day partition too: the statements below name it, so each
             // reads one partition's index, not every day's (see "Lookups by
             // id" above).
-            let find = match record.lease.partition {
-                Some(day) => sqlx::query(
-                    "SELECT sub_id, retain_from FROM deliveries WHERE delivery_id = $1 AND retain_from = $2",
-                )
-                .bind(id)
-                .bind(day),
-                None => sqlx::query("SELECT sub_id, retain_from FROM deliveries WHERE delivery_id = $1")
-                    .bind(id),
-            };
+            let mut find = sqlx::query(match record.lease.partition {
+                Some(_) => {
+                    "SELECT sub_id, retain_from FROM deliveries WHERE delivery_id = $1 AND retain_from = $2"
+                }
+                None => "SELECT sub_id, retain_from FROM deliveries WHERE delivery_id = $1",
+            })
+            .bind(id);
+            if let Some(day) = record.lease.partition {
+                find = find.bind(day);
+            }
             let Some(row) = find
                 .fetch_optional(&mut *tx)
                 .await
@@ -1965,24 +1966,23 @@ impl Store for PgStore {
     async fn renew_lease(&self, lease: &Lease, lease_for: Duration) -> Result<bool> {
         self.bounded(async {
             // With the lease's day the statement reads that partition alone.
-            let renew = match lease.partition {
-                Some(day) => sqlx::query(
+            let mut renew = sqlx::query(match lease.partition {
+                Some(_) => {
                     "UPDATE deliveries SET lease_expires = now() + $3 * interval '1 microsecond', updated_at = now() \
                      WHERE delivery_id = $1 AND retain_from = $4 AND (state || '') = 'inflight' \
-                         AND lease_token = $2",
-                )
-                .bind(lease.delivery_id.as_uuid())
-                .bind(lease.token)
-                .bind(micros(lease_for))
-                .bind(day),
-                None => sqlx::query(
+                         AND lease_token = $2"
+                }
+                None => {
                     "UPDATE deliveries SET lease_expires = now() + $3 * interval '1 microsecond', updated_at = now() \
-                     WHERE delivery_id = $1 AND (state || '') = 'inflight' AND lease_token = $2",
-                )
-                .bind(lease.delivery_id.as_uuid())
-                .bind(lease.token)
-                .bind(micros(lease_for)),
-            };
+                     WHERE delivery_id = $1 AND (state || '') = 'inflight' AND lease_token = $2"
+                }
+            })
+            .bind(lease.delivery_id.as_uuid())
+            .bind(lease.token)
+            .bind(micros(lease_for));
+            if let Some(day) = lease.partition {
+                renew = renew.bind(day);
+            }
             let res = renew
                 .execute(&self.pool)
             .await

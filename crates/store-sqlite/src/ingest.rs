@@ -123,16 +123,7 @@ async fn insert_claiming(
         claim.map(|c| now.saturating_add(i64::try_from(c.lease.as_millis()).unwrap_or(i64::MAX)));
     let mut leases = Vec::new();
     for chunk in rows.chunks(DELIVERIES_PER_INSERT) {
-        // A row's claim columns are literals, so a chunk mixing claimed and
-        // pending rows has a shape of its own: never kept prepared.
-        let claimed = claim.map_or(0, |c| {
-            chunk
-                .iter()
-                .filter(|(_, d)| c.deliveries.contains(&d.id))
-                .count()
-        });
-        let keep = (claimed == 0 || claimed == chunk.len())
-            && keep_prepared(chunk.len(), DELIVERIES_PER_INSERT);
+        let leases_before = leases.len();
         let mut q = QueryBuilder::<Sqlite>::new(
             "INSERT INTO deliveries (delivery_id, event_id, sub_id, event_type, destination_host, state, \
              attempt, next_attempt_at, lease_token, lease_expires, worker_id, created_at, window_start, \
@@ -170,6 +161,12 @@ async fn insert_claiming(
             }
             row.push_bind(now).push_bind(now).push_bind(now);
         });
+        // A row's claim columns are literals, so a chunk mixing claimed
+        // (a lease each) and pending rows has a shape of its own: never
+        // kept prepared.
+        let claimed = leases.len() - leases_before;
+        let keep = (claimed == 0 || claimed == chunk.len())
+            && keep_prepared(chunk.len(), DELIVERIES_PER_INSERT);
         q.build()
             .persistent(keep)
             .execute(&mut *conn)
