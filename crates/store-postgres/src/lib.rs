@@ -184,8 +184,8 @@ impl PgStore {
     }
 
     /// Counts `n` deliveries just written, and when [`freshness`] says so,
-    /// analyzes today's partitions in the background (a failure is only
-    /// logged: autovacuum gets there too, later).
+    /// analyzes today's partitions and the delivery queue in the background
+    /// (a failure is only logged: autovacuum gets there too, later).
     pub(crate) fn wrote_deliveries(&self, n: usize) {
         if n == 0
             || !self
@@ -198,7 +198,7 @@ impl PgStore {
         tokio::spawn(async move {
             let analyze = sqlx::query(
                 "DO $$ DECLARE d text := to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD'); BEGIN \
-                   EXECUTE format('ANALYZE %I, %I', 'deliveries_p' || d, 'attempts_p' || d); END $$",
+                   EXECUTE format('ANALYZE %I, %I, delivery_queue', 'deliveries_p' || d, 'attempts_p' || d); END $$",
             )
             .execute(&store.pool);
             match tokio::time::timeout(Duration::from_secs(60), analyze).await {

@@ -108,16 +108,19 @@ async fn days(store: &PgStore) -> Result<(NaiveDate, Vec<NaiveDate>)> {
 
 /// Moves up to `batch` pending deliveries of `[lo, hi)`, with their
 /// attempts, into today's partition. Returns how many deliveries moved.
+/// Found and locked through `delivery_queue`, queue row first, as a claim
+/// takes them (store.rs, `claim_sql!`).
 async fn carry_forward(store: &PgStore, lo: Timestamp, hi: Timestamp, batch: i64) -> Result<i64> {
     let mut tx = begin(store).await?;
     let moved: i64 = sqlx::query_scalar(
         "WITH picked AS ( \
-             SELECT delivery_id, retain_from FROM deliveries \
+             SELECT delivery_id, retain_from FROM delivery_queue \
              WHERE retain_from >= $1 AND retain_from < $2 AND state = 'pending' \
              LIMIT $3 FOR UPDATE SKIP LOCKED \
          ), moved AS ( \
              UPDATE deliveries d SET retain_from = now() FROM picked \
              WHERE d.delivery_id = picked.delivery_id AND d.retain_from = picked.retain_from \
+               AND d.state = 'pending' \
              RETURNING d.delivery_id, picked.retain_from AS old \
          ), moved_attempts AS ( \
              UPDATE attempts a SET retain_from = now() FROM moved \

@@ -32,7 +32,8 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 /// under which `d` may be claimed now as far as ordering goes: its
 /// subscription is not ordered, or no delivery of it with a smaller id is
 /// still unfinished and none of it is in flight (the trait's ordering rule).
-/// One probe of the partial index `deliveries_unfinished`.
+/// One probe of the subscription's slice of `delivery_queue`, which holds
+/// exactly the unfinished deliveries.
 ///
 /// Under `FOR UPDATE SKIP LOCKED` this is also what keeps two claimers apart:
 /// a claimer that skips a head another claimer has locked still sees that
@@ -43,14 +44,14 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 macro_rules! not_blocked_by_order {
     () => {
         "(NOT s.ordered OR NOT EXISTS ( \
-             SELECT 1 FROM deliveries x WHERE x.sub_id = d.sub_id \
-               AND x.state IN ('pending', 'inflight') \
+             SELECT 1 FROM delivery_queue x WHERE x.sub_id = d.sub_id \
                AND (x.delivery_id < d.delivery_id OR x.state = 'inflight')))"
     };
 }
 
-/// Pending due rows `d` of active subscriptions `s` that may be claimed now:
-/// what both `due_destinations` and `claim_due` select from.
+/// Pending due rows `d` (of `delivery_queue`) of active subscriptions `s`
+/// that may be claimed now: what both `due_destinations` and `claim_due`
+/// select from.
 macro_rules! claimable {
     () => {
         concat!(
@@ -61,8 +62,9 @@ macro_rules! claimable {
 }
 
 /// The claim statement for one filter and one order (`$order` names
-/// columns of `d`, which is `deliveries` in the pick and the claimed rows
-/// when they are read back, so one order serves both). Parameters: $1 host, $2 limit, $3 lease in
+/// columns of `d`, which is the `delivery_queue` row in the pick and the
+/// claimed `deliveries` rows when they are read back, so one order serves
+/// both). Parameters: $1 host, $2 limit, $3 lease in
 /// microseconds, $4 worker, $5 subscription (only the variants that filter
 /// on it use it).
 ///
@@ -70,11 +72,21 @@ macro_rules! claimable {
 /// with a fresh token, and read back all the worker needs. The ordering
 /// check reads the statement's snapshot, so within one batch the rows behind
 /// an ordered head see it `pending`.
+///
+/// The pick reads and locks `delivery_queue` rows (`d`), in claim order by
+/// `delivery_queue_due`, and stops at its limit; the `UPDATE` then takes the
+/// delivery rows, and the trigger the queue rows. So a claim locks a
+/// delivery's queue row before its row: the other writers of a pending
+/// delivery (`delete_subscription`, retention's carry-forward) lock its
+/// queue row first too, and every other writer changes only deliveries
+/// that are not pending (a pending queue row's delivery is pending: the
+/// two are written in one transaction).
 macro_rules! claim_sql {
     ($filter:literal, $order:literal) => {
         concat!(
             "WITH due AS ( \
-                 SELECT d.delivery_id, d.retain_from FROM deliveries d JOIN subscriptions s ON s.sub_id = d.sub_id \
+                 SELECT d.delivery_id, d.retain_from FROM delivery_queue d \
+                 JOIN subscriptions s ON s.sub_id = d.sub_id \
                  WHERE d.destination_host = $1 ",
             $filter,
             " AND ",
@@ -86,6 +98,7 @@ macro_rules! claim_sql {
                  UPDATE deliveries u SET state = 'inflight', lease_token = u.lease_token + 1, \
                    lease_expires = now() + $3 * interval '1 microsecond', worker_id = $4, updated_at = now() \
                  FROM due WHERE u.delivery_id = due.delivery_id AND u.retain_from = due.retain_from \
+                   AND u.state = 'pending' \
                  RETURNING u.* \
              ) SELECT ",
             delivery_cols!(),
@@ -111,7 +124,8 @@ macro_rules! claim_batch_sql {
                    AS r(host, sub, lim, idx) \
              ), due AS ( \
                  SELECT p.delivery_id, p.retain_from, r.idx FROM r CROSS JOIN LATERAL ( \
-                     SELECT d.delivery_id, d.retain_from FROM deliveries d JOIN subscriptions s ON s.sub_id = d.sub_id \
+                     SELECT d.delivery_id, d.retain_from FROM delivery_queue d \
+                     JOIN subscriptions s ON s.sub_id = d.sub_id \
                      WHERE d.destination_host = r.host ",
             $filter,
             " AND ",
@@ -123,6 +137,7 @@ macro_rules! claim_batch_sql {
                  UPDATE deliveries u SET state = 'inflight', lease_token = u.lease_token + 1, \
                    lease_expires = now() + $4 * interval '1 microsecond', worker_id = $5, updated_at = now() \
                  FROM due WHERE u.delivery_id = due.delivery_id AND u.retain_from = due.retain_from \
+                   AND u.state = 'pending' \
                  RETURNING u.*, due.idx AS r_idx \
              ) SELECT d.r_idx, ",
             delivery_cols!(),
@@ -481,15 +496,6 @@ async fn generation_moved(
 /// generation is not the one the batch was matched against.
 const GENERATION_MOVED: &str = "HKD01";
 
-// In-flight lookups by id. Statements that find in-flight deliveries by id
-// test `(state || '') = 'inflight'`, not `state = 'inflight'`. The plain
-// test proves the predicate of the partial index `deliveries_lease`. On a
-// day partition whose statistics are still empty (every partition, for its
-// first minute) the planner then ANDs that whole index with the primary key
-// for every id: recording 500 attempts at 200,000 rows took 1.2-3.5 s
-// instead of milliseconds. The expression proves nothing, so the lookup goes
-// by the primary key alone and the state is checked on the row found.
-//
 // Lookups by id. The primary key is (delivery_id, retain_from), one index
 // per day partition, so a row found by its id alone is looked for in every
 // day's index: with the default 7 days kept, eleven partitions (today's
@@ -1039,7 +1045,7 @@ impl Store for PgStore {
             let row = sqlx::query(
                 "SELECT count(*) AS due, \
                  COALESCE(EXTRACT(EPOCH FROM now() - min(d.next_attempt_at)), 0)::float8 AS overdue \
-                 FROM deliveries d JOIN subscriptions s ON s.sub_id = d.sub_id \
+                 FROM delivery_queue d JOIN subscriptions s ON s.sub_id = d.sub_id \
                  WHERE d.state = 'pending' AND d.next_attempt_at <= now() AND s.state = 'active'",
             )
             .fetch_one(&self.pool)
@@ -1278,10 +1284,20 @@ impl Store for PgStore {
             // In-flight rows too: their worker's result then finds the row no
             // longer in flight (LeaseLost), and no release or reclaim can bring
             // it back to a pending that nothing would ever claim.
+            // Found through the queue, which holds exactly the unfinished
+            // rows, each re-checked as it is now. Their queue rows are
+            // locked first, as a claim locks them (see `claim_sql!`).
+            sqlx::query("SELECT 1 FROM delivery_queue WHERE sub_id = $1 ORDER BY delivery_id FOR UPDATE")
+                .bind(id.as_uuid())
+                .execute(&mut *tx)
+                .await
+                .map_err(map)?;
             sqlx::query(
-                "UPDATE deliveries SET state = 'failed', last_error = $2, updated_at = now(), \
+                "UPDATE deliveries d SET state = 'failed', last_error = $2, updated_at = now(), \
                  lease_expires = NULL, worker_id = NULL \
-                 WHERE sub_id = $1 AND state IN ('pending', 'inflight')",
+                 FROM delivery_queue q \
+                 WHERE q.sub_id = $1 AND d.delivery_id = q.delivery_id AND d.retain_from = q.retain_from \
+                   AND d.state IN ('pending', 'inflight')",
             )
             .bind(id.as_uuid())
             .bind(DELETED)
@@ -1480,9 +1496,9 @@ impl Store for PgStore {
             // index seeks per subscription rather than by grouping every
             // pending row, so the cost follows the number of subscriptions,
             // not the backlog. Unordered subscriptions: their oldest and
-            // newest due rows (`deliveries_due_sub`), at the oldest one's
-            // host. Ordered ones: only the head (smallest unfinished id,
-            // `deliveries_unfinished`) can be claimable, and only when it is
+            // newest due rows (`delivery_queue_due`), at the oldest one's
+            // host. Ordered ones: only the head (smallest unfinished id, the
+            // queue's primary key) can be claimable, and only when it is
             // pending and due and nothing of the subscription is in flight —
             // `not_blocked_by_order!`'s rule. Sorted and grouped here.
             let rows = sqlx::query(
@@ -1491,11 +1507,11 @@ impl Store for PgStore {
                         f.delivery_id AS first_id \
                  FROM subscriptions s \
                  CROSS JOIN LATERAL ( \
-                     SELECT d.destination_host, d.next_attempt_at, d.delivery_id FROM deliveries d \
+                     SELECT d.destination_host, d.next_attempt_at, d.delivery_id FROM delivery_queue d \
                      WHERE d.sub_id = s.sub_id AND d.state = 'pending' AND d.next_attempt_at <= now() \
                      ORDER BY d.next_attempt_at LIMIT 1) f \
                  CROSS JOIN LATERAL ( \
-                     SELECT d.next_attempt_at FROM deliveries d \
+                     SELECT d.next_attempt_at FROM delivery_queue d \
                      WHERE d.sub_id = s.sub_id AND d.state = 'pending' AND d.next_attempt_at <= now() \
                      ORDER BY d.next_attempt_at DESC LIMIT 1) n \
                  WHERE s.state = 'active' AND NOT s.ordered \
@@ -1504,13 +1520,13 @@ impl Store for PgStore {
                         s.rate_limit, s.max_concurrency, h.delivery_id \
                  FROM subscriptions s \
                  CROSS JOIN LATERAL ( \
-                     SELECT x.destination_host, x.next_attempt_at, x.delivery_id, x.state FROM deliveries x \
-                     WHERE x.sub_id = s.sub_id AND x.state IN ('pending', 'inflight') \
+                     SELECT x.destination_host, x.next_attempt_at, x.delivery_id, x.state FROM delivery_queue x \
+                     WHERE x.sub_id = s.sub_id \
                      ORDER BY x.delivery_id LIMIT 1) h \
                  WHERE s.state = 'active' AND s.ordered AND h.state = 'pending' \
                    AND h.next_attempt_at <= now() \
-                   AND NOT EXISTS (SELECT 1 FROM deliveries y WHERE y.sub_id = s.sub_id \
-                                   AND y.state IN ('pending', 'inflight') AND y.state = 'inflight')",
+                   AND NOT EXISTS (SELECT 1 FROM delivery_queue y WHERE y.sub_id = s.sub_id \
+                                   AND y.state = 'inflight')",
             )
             .fetch_all(&self.pool)
             .await
@@ -1699,7 +1715,7 @@ impl Store for PgStore {
                  next_attempt_at = CASE WHEN $6::bigint IS NULL THEN next_attempt_at \
                      ELSE now() + $6::bigint * interval '1 microsecond' END, \
                  lease_expires = NULL, worker_id = NULL, updated_at = now() \
-                 WHERE delivery_id = $1 AND retain_from = $7 AND (state || '') = 'inflight' \
+                 WHERE delivery_id = $1 AND retain_from = $7 AND state = 'inflight' \
                      AND lease_token = $2",
             )
             .bind(id)
@@ -1874,7 +1890,6 @@ impl Store for PgStore {
                 errors.push(r.last_error.as_deref());
                 delays.push(delay);
             }
-            // `(d.state || '')`: see "In-flight lookups by id" above.
             let moved: Vec<(Uuid, i64)> = sqlx::query_as(
                 "UPDATE deliveries d SET attempt = d.attempt + 1, state = v.state, \
                  last_status = v.status, last_error = v.last_error, \
@@ -1884,7 +1899,7 @@ impl Store for PgStore {
                  FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::integer[], $5::text[], $6::bigint[], \
                      $7::timestamptz[]) AS v(delivery_id, token, state, status, last_error, delay, retain_from) \
                  WHERE d.delivery_id = v.delivery_id AND d.retain_from = v.retain_from \
-                     AND (d.state || '') = 'inflight' AND d.lease_token = v.token \
+                     AND d.state = 'inflight' AND d.lease_token = v.token \
                  RETURNING d.delivery_id, v.token",
             )
             .bind(&ids)
@@ -1969,12 +1984,12 @@ impl Store for PgStore {
             let mut renew = sqlx::query(match lease.partition {
                 Some(_) => {
                     "UPDATE deliveries SET lease_expires = now() + $3 * interval '1 microsecond', updated_at = now() \
-                     WHERE delivery_id = $1 AND retain_from = $4 AND (state || '') = 'inflight' \
+                     WHERE delivery_id = $1 AND retain_from = $4 AND state = 'inflight' \
                          AND lease_token = $2"
                 }
                 None => {
                     "UPDATE deliveries SET lease_expires = now() + $3 * interval '1 microsecond', updated_at = now() \
-                     WHERE delivery_id = $1 AND (state || '') = 'inflight' AND lease_token = $2"
+                     WHERE delivery_id = $1 AND state = 'inflight' AND lease_token = $2"
                 }
             })
             .bind(lease.delivery_id.as_uuid())
@@ -2003,7 +2018,7 @@ impl Store for PgStore {
                 "UPDATE deliveries d SET state = 'pending', lease_expires = NULL, worker_id = NULL, \
                  updated_at = now() \
                  FROM unnest($1::uuid[], $2::bigint[]) AS l(delivery_id, token) \
-                 WHERE d.delivery_id = l.delivery_id AND d.lease_token = l.token AND (d.state || '') = 'inflight'",
+                 WHERE d.delivery_id = l.delivery_id AND d.lease_token = l.token AND d.state = 'inflight'",
             )
             .bind(uuids(leases, |l| *l.delivery_id.as_uuid()))
             .bind(leases.iter().map(|l| l.token).collect::<Vec<i64>>())
@@ -2017,9 +2032,14 @@ impl Store for PgStore {
 
     async fn reclaim_expired(&self) -> Result<u64> {
         self.bounded(async {
+            // Expired leases by `delivery_queue_lease`; each row re-checked
+            // as it is now.
             let res = sqlx::query(
-                "UPDATE deliveries SET state = 'pending', lease_expires = NULL, worker_id = NULL, \
-                 updated_at = now() WHERE state = 'inflight' AND lease_expires <= now()",
+                "UPDATE deliveries d SET state = 'pending', lease_expires = NULL, worker_id = NULL, \
+                 updated_at = now() FROM delivery_queue q \
+                 WHERE q.state = 'inflight' AND q.lease_expires <= now() \
+                   AND d.delivery_id = q.delivery_id AND d.retain_from = q.retain_from \
+                   AND d.state = 'inflight' AND d.lease_expires <= now()",
             )
             .execute(&self.pool)
             .await
@@ -2159,14 +2179,14 @@ impl Store for PgStore {
                 .await
                 .map_err(map)?
                 .ok_or(StoreError::NotFound)?;
-            // Unfinished rows: the partial index `deliveries_unfinished`.
+            // Unfinished rows: the subscription's slice of `delivery_queue`.
             // Dead rows: the subscription's slice of `deliveries_sub`.
             let counts = sqlx::query(
                 "SELECT \
-                   (SELECT count(*) FROM deliveries \
-                     WHERE sub_id = $1 AND state IN ('pending', 'inflight')) AS pending, \
-                   (SELECT min(created_at) FROM deliveries \
-                     WHERE sub_id = $1 AND state IN ('pending', 'inflight')) AS oldest_pending, \
+                   (SELECT count(*) FROM delivery_queue WHERE sub_id = $1) AS pending, \
+                   (SELECT min(d.created_at) FROM delivery_queue q JOIN deliveries d \
+                       ON d.delivery_id = q.delivery_id AND d.retain_from = q.retain_from \
+                     WHERE q.sub_id = $1) AS oldest_pending, \
                    (SELECT count(*) FROM deliveries \
                      WHERE sub_id = $1 AND state = 'dead') AS dead, \
                    (SELECT min(updated_at) FROM deliveries \
@@ -2364,11 +2384,11 @@ impl Store for PgStore {
 
     async fn backlogs(&self) -> Result<Vec<Backlog>> {
         self.bounded(async {
-            // The partial index `deliveries_unfinished` holds exactly these rows.
+            // `delivery_queue` holds exactly these rows.
             let rows = sqlx::query(
-                "SELECT d.sub_id, count(*) AS n FROM deliveries d \
+                "SELECT d.sub_id, count(*) AS n FROM delivery_queue d \
                  JOIN subscriptions s ON s.sub_id = d.sub_id \
-                 WHERE d.state IN ('pending', 'inflight') AND s.state <> 'deleted' \
+                 WHERE s.state <> 'deleted' \
                  GROUP BY d.sub_id ORDER BY d.sub_id",
             )
             .fetch_all(&self.pool)

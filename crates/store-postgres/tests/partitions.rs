@@ -412,6 +412,17 @@ async fn an_unfinished_delivery_of_an_expired_day_is_carried_forward_with_its_at
         )
     );
     assert_eq!(f.store.get_delivery(&waiting).await.unwrap(), before_move);
+    // Its queue row names its new day, where claims will look for it.
+    let (queued, row): (chrono::DateTime<Utc>, chrono::DateTime<Utc>) = sqlx::query_as(
+        "SELECT q.retain_from, d.retain_from FROM delivery_queue q \
+         JOIN deliveries d USING (delivery_id) WHERE delivery_id = $1",
+    )
+    .bind(waiting.as_uuid())
+    .fetch_one(&mut f.conn)
+    .await
+    .unwrap();
+    assert_eq!(queued, row);
+    assert_eq!(suffix(row.date_naive()), today);
     // The expired day is gone, with its finished delivery.
     for table in ["deliveries", "attempts"] {
         assert_eq!(
