@@ -55,6 +55,23 @@ async fn assert_in_sync(conn: &mut PgConnection, when: &str) -> usize {
     queue.len()
 }
 
+/// A migrated store in a fresh schema, and a connection to look at it.
+async fn fixture() -> Option<(PgStore, PgConnection, testing::TestDatabase)> {
+    let db = testing::fresh_schema().await?;
+    let store = PgStore::connect(&db.url, PgOptions::default())
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    let conn = PgConnection::connect(&db.url).await.unwrap();
+    Some((store, conn, db))
+}
+
+async fn finish(store: PgStore, conn: PgConnection, db: testing::TestDatabase) {
+    store.close().await;
+    let _ = conn.close().await;
+    db.cleanup().await.unwrap();
+}
+
 async fn ingest(store: &PgStore, subs: &[&Subscription]) -> Vec<DeliveryId> {
     let deliveries: Vec<NewDelivery> = subs
         .iter()
@@ -104,14 +121,9 @@ fn record(c: &ClaimedDelivery, status: u16, next: NextState) -> AttemptRecord {
 
 #[tokio::test]
 async fn the_queue_holds_exactly_the_unfinished_deliveries_through_their_lives() {
-    let Some(db) = testing::fresh_schema().await else {
+    let Some((store, mut conn, db)) = fixture().await else {
         return;
     };
-    let store = PgStore::connect(&db.url, PgOptions::default())
-        .await
-        .unwrap();
-    store.migrate().await.unwrap();
-    let mut conn = PgConnection::connect(&db.url).await.unwrap();
     let a = store
         .create_subscription(new_sub("a.example", None))
         .await
@@ -173,21 +185,14 @@ async fn the_queue_holds_exactly_the_unfinished_deliveries_through_their_lives()
     store.delete_subscription(&b.id).await.unwrap();
     assert_eq!(assert_in_sync(&mut conn, "a subscription delete").await, 3);
 
-    store.close().await;
-    let _ = conn.close().await;
-    db.cleanup().await.unwrap();
+    finish(store, conn, db).await;
 }
 
 #[tokio::test]
 async fn a_delivery_naming_a_missing_event_or_subscription_is_refused_whole() {
-    let Some(db) = testing::fresh_schema().await else {
+    let Some((store, mut conn, db)) = fixture().await else {
         return;
     };
-    let store = PgStore::connect(&db.url, PgOptions::default())
-        .await
-        .unwrap();
-    store.migrate().await.unwrap();
-    let mut conn = PgConnection::connect(&db.url).await.unwrap();
     let a = store
         .create_subscription(new_sub("a.example", None))
         .await
@@ -224,7 +229,5 @@ async fn a_delivery_naming_a_missing_event_or_subscription_is_refused_whole() {
     }
     assert_eq!(assert_in_sync(&mut conn, "refused inserts").await, 1);
 
-    store.close().await;
-    let _ = conn.close().await;
-    db.cleanup().await.unwrap();
+    finish(store, conn, db).await;
 }

@@ -1,0 +1,44 @@
+#!/bin/bash
+# Alternates two hookd builds through one PostgreSQL scenario, a pair at a
+# time, and prints per run the deliveries/s, lost, duplicates, hookd's and
+# the harness's CPU, hookd's peak RSS, and PostgreSQL's CPU over the run:
+# the postmaster's reaped children plus its live ones, from /proc (the
+# server's CPU is steadier than the rate on a shared machine).
+#
+#   pg-ab.sh SCENARIO PAIRS HOOKD_A HOOKD_B [hookd-bench flags]
+#
+# hookd-bench is the one beside HOOKD_A (or $HOOKD_BENCH); PostgreSQL at
+# $PG_URL (postgres://postgres@127.0.0.1:5432/test), on this machine (its
+# postmaster's pid file under /var/run/postgresql).
+set -euo pipefail
+scenario=$1 pairs=$2 a=$3 b=$4
+shift 4
+bench=${HOOKD_BENCH:-$(dirname "$a")/hookd-bench}
+url=${PG_URL:-postgres://postgres@127.0.0.1:5432/test}
+postmaster=$(head -n1 /var/run/postgresql/*.pid | head -n1)
+
+# Clock ticks of CPU used by the server's processes so far.
+pg_ticks() {
+    local total
+    total=$(awk '{print $14 + $15 + $16 + $17}' "/proc/$postmaster/stat")
+    for child in $(pgrep -P "$postmaster"); do
+        total=$((total + $(awk '{print $14 + $15}' "/proc/$child/stat" 2>/dev/null || echo 0)))
+    done
+    echo "$total"
+}
+
+hz=$(getconf CLK_TCK)
+for _ in $(seq 1 "$pairs"); do
+    for bin in "$a" "$b"; do
+        before=$(pg_ticks)
+        line=$("$bench" "$scenario" --backend postgres --pg-url "$url" --hookd "$bin" "$@" 2>/dev/null | tail -n1)
+        after=$(pg_ticks)
+        echo "$line" | python3 -c '
+import json, sys
+j = json.loads(sys.stdin.read())
+print(sys.argv[1], j["deliveries_per_s"], "lost", j["lost"], "dup", j["duplicates"],
+      "hookd_cpu_s", j["hookd_cpu_s"], "harness_cpu_s", j.get("harness_cpu_s"),
+      "rss_mib", j["hookd_peak_rss_mib"], "pg_cpu_s", round(int(sys.argv[2]) / int(sys.argv[3]), 1))
+' "$(basename "$bin")" "$((after - before))" "$hz"
+    done
+done
