@@ -19,9 +19,12 @@
 -- The queue is kept by statement-level triggers on `deliveries` (below), in
 -- the transaction of whatever wrote the delivery, so no writer can forget
 -- it, and what holds on `deliveries` (the outbox's one transaction, a claim's
--- lease token) holds for it too. Lock order stays: a writer locks the
--- delivery's row first (claims too: `FOR UPDATE OF` the delivery), the queue
--- row after it, in the trigger.
+-- lease token) holds for it too. Lock order: a claim picks and locks the
+-- queue row (`FOR UPDATE SKIP LOCKED`), then updates the delivery, whose
+-- trigger updates the queue row it holds. The other writers of a pending
+-- delivery (deleting its subscription, retention's carry-forward) lock its
+-- queue row first too; every other writer changes only deliveries that are
+-- not pending, whose queue rows no claim takes.
 --
 -- Day partitions of `deliveries` are created with fillfactor 50: room on
 -- each page for the new versions the claim and the record write, so they
