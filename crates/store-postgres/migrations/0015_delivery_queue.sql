@@ -23,8 +23,8 @@
 -- queue row (`FOR UPDATE SKIP LOCKED`), then updates the delivery, whose
 -- trigger updates the queue row it holds. The other writers of a pending
 -- delivery (deleting its subscription, retention's carry-forward) lock its
--- queue row first too; every other writer changes only deliveries that are
--- not pending, whose queue rows no claim takes.
+-- queue row first too; a delivery that is not pending is written row first,
+-- queue row after, and no claim takes its queue row.
 --
 -- Day partitions of `deliveries` are created with fillfactor 50: room on
 -- each page for the new versions the claim and the record write, so they

@@ -76,11 +76,12 @@ macro_rules! claimable {
 /// The pick reads and locks `delivery_queue` rows (`d`), in claim order by
 /// `delivery_queue_due`, and stops at its limit; the `UPDATE` then takes the
 /// delivery rows, and the trigger the queue rows. So a claim locks a
-/// delivery's queue row before its row: the other writers of a pending
-/// delivery (`delete_subscription`, retention's carry-forward) lock its
-/// queue row first too, and every other writer changes only deliveries
-/// that are not pending (a pending queue row's delivery is pending: the
-/// two are written in one transaction).
+/// pending delivery's queue row before its row, and so do the other writers
+/// of pending deliveries (`delete_subscription`, retention's
+/// carry-forward). A delivery that is not pending (in flight, finished) is
+/// taken row first, queue row after (records, renewals, releases, reclaims,
+/// replays), and no claim takes its queue row (a pending queue row's
+/// delivery is pending: the two are written in one transaction).
 macro_rules! claim_sql {
     ($filter:literal, $order:literal) => {
         concat!(
@@ -1285,9 +1286,14 @@ impl Store for PgStore {
             // longer in flight (LeaseLost), and no release or reclaim can bring
             // it back to a pending that nothing would ever claim.
             // Found through the queue, which holds exactly the unfinished
-            // rows, each re-checked as it is now. Their queue rows are
-            // locked first, as a claim locks them (see `claim_sql!`).
-            sqlx::query("SELECT 1 FROM delivery_queue WHERE sub_id = $1 ORDER BY delivery_id FOR UPDATE")
+            // rows, each re-checked as it is now. The pending ones' queue
+            // rows are locked first, as a claim locks them; in-flight ones
+            // are taken delivery row first, as a record takes them (see
+            // `claim_sql!`), so neither can deadlock with this.
+            sqlx::query(
+                "SELECT 1 FROM delivery_queue WHERE sub_id = $1 AND state = 'pending' \
+                 ORDER BY delivery_id FOR UPDATE",
+            )
                 .bind(id.as_uuid())
                 .execute(&mut *tx)
                 .await
