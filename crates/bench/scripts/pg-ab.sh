@@ -14,6 +14,10 @@ set -euo pipefail
 scenario=$1 pairs=$2 a=$3 b=$4
 shift 4
 bench=${HOOKD_BENCH:-$(dirname "$a")/hookd-bench}
+if [ ! -x "$bench" ]; then
+    echo "no hookd-bench at $bench: set HOOKD_BENCH" >&2
+    exit 1
+fi
 url=${PG_URL:-postgres://postgres@127.0.0.1:5432/test}
 postmaster=$(head -n1 /var/run/postgresql/*.pid | head -n1)
 
