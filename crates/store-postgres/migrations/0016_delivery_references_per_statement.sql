@@ -5,9 +5,11 @@
 -- subscriptions: in a model of `fanout` (docs/benchmarks.md, session 16)
 -- they were 45 % of the ingest statement's time.
 --
--- The insert trigger of 0015 now refuses a statement any of whose rows
--- names an event or a subscription that does not exist, with the foreign
--- key's SQLSTATE (23503), so ingest stays all or nothing as before. What the
+-- A second statement-level insert trigger (beside 0015's, which writes the
+-- queue; the statement is undone whole if either fails) refuses a
+-- statement any of whose rows names an event or a subscription that does
+-- not exist, with the foreign key's SQLSTATE (23503), so ingest stays all
+-- or nothing as before. What the
 -- keys' locks guarded is guarded otherwise: a subscription row is never
 -- deleted (deleting one marks it `deleted`), and retention deletes an event
 -- only when no delivery, unfinished fan-out job or shard outbox row refers
@@ -26,7 +28,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION hookd_deliveries_inserted() RETURNS trigger
+CREATE FUNCTION hookd_delivery_references() RETURNS trigger
 LANGUAGE plpgsql SET enable_hashjoin = off SET enable_mergejoin = off AS $$
 DECLARE
     missing uuid;
@@ -44,17 +46,10 @@ BEGIN
         RAISE EXCEPTION 'a delivery names subscription %, which does not exist', missing
             USING ERRCODE = 'foreign_key_violation';
     END IF;
-    INSERT INTO delivery_queue (sub_id, delivery_id, retain_from, destination_host, state,
-        next_attempt_at, lease_expires)
-    SELECT n.sub_id, n.delivery_id, n.retain_from, n.destination_host, n.state,
-           n.next_attempt_at, n.lease_expires
-    FROM hookd_new_deliveries n WHERE n.state IN ('pending', 'inflight');
     RETURN NULL;
 END
 $$;
 
-DROP TRIGGER deliveries_queue_insert ON deliveries;
-DROP FUNCTION hookd_queue_inserted();
-CREATE TRIGGER deliveries_insert AFTER INSERT ON deliveries
+CREATE TRIGGER deliveries_references AFTER INSERT ON deliveries
     REFERENCING NEW TABLE AS hookd_new_deliveries
-    FOR EACH STATEMENT EXECUTE FUNCTION hookd_deliveries_inserted();
+    FOR EACH STATEMENT EXECUTE FUNCTION hookd_delivery_references();

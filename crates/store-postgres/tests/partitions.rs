@@ -2,9 +2,12 @@
 //! conformance suite cannot see because it cannot look at the catalog or
 //! put rows in an old day.
 
+mod common;
+
 use std::time::Duration;
 
 use chrono::{NaiveDate, Utc};
+use common::ingest;
 use hookd_domain::DeliveryId;
 use hookd_store::conformance::{new_event, new_sub};
 use hookd_store::{
@@ -139,24 +142,6 @@ impl Fixture {
 
 fn suffix(day: NaiveDate) -> String {
     day.format("%Y%m%d").to_string()
-}
-
-/// Accepts one event fanned out to each of `subs`; its deliveries' ids.
-async fn ingest(store: &PgStore, subs: &[&Subscription]) -> Vec<DeliveryId> {
-    let deliveries: Vec<NewDelivery> = subs
-        .iter()
-        .map(|s| NewDelivery {
-            id: DeliveryId::new(),
-            sub_id: s.id,
-            destination_host: s.url.host().to_owned(),
-        })
-        .collect();
-    let ids = deliveries.iter().map(|d| d.id).collect();
-    store
-        .accept_event(new_event("order.created", None), deliveries)
-        .await
-        .unwrap();
-    ids
 }
 
 /// A claim of up to 10 of `sub`'s due deliveries, oldest first.

@@ -3,14 +3,17 @@
 //! sees the `Store` trait. Every write of a delivery must leave its
 //! `delivery_queue` row exactly matching it.
 
+mod common;
+
 use std::time::Duration;
 
 use chrono::Utc;
-use hookd_domain::{DeliveryId, SubscriptionId};
-use hookd_store::conformance::{new_event, new_sub};
+use common::ingest;
+use hookd_domain::SubscriptionId;
+use hookd_store::conformance::new_sub;
 use hookd_store::{
-    Attempt, AttemptRecord, ClaimOrder, ClaimRequest, ClaimedDelivery, NewDelivery, NextState,
-    RecordOutcome, Store, Subscription,
+    Attempt, AttemptRecord, ClaimOrder, ClaimRequest, ClaimedDelivery, NextState, RecordOutcome,
+    Store, Subscription,
 };
 use hookd_store_postgres::{PgOptions, PgStore, testing};
 use sqlx::{Connection, PgConnection};
@@ -70,23 +73,6 @@ async fn finish(store: PgStore, conn: PgConnection, db: testing::TestDatabase) {
     store.close().await;
     let _ = conn.close().await;
     db.cleanup().await.unwrap();
-}
-
-async fn ingest(store: &PgStore, subs: &[&Subscription]) -> Vec<DeliveryId> {
-    let deliveries: Vec<NewDelivery> = subs
-        .iter()
-        .map(|s| NewDelivery {
-            id: DeliveryId::new(),
-            sub_id: s.id,
-            destination_host: s.url.host().to_owned(),
-        })
-        .collect();
-    let ids = deliveries.iter().map(|d| d.id).collect();
-    store
-        .accept_event(new_event("order.created", None), deliveries)
-        .await
-        .unwrap();
-    ids
 }
 
 async fn claim(store: &PgStore, sub: &Subscription, lease: Duration) -> Vec<ClaimedDelivery> {
