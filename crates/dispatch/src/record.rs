@@ -116,6 +116,7 @@ pub(crate) mod tests {
                 delivery_id: id,
                 token: 1,
                 partition: None,
+                subscription: sub_id,
             },
             delivery: Delivery {
                 id,

@@ -196,8 +196,17 @@ impl PgStore {
         }
         let store = self.clone();
         tokio::spawn(async move {
+            // A sample of 6,000 rows (statistics target 20, for this
+            // transaction only), not the default 30,000: these analyses only
+            // have to tell the planner a new partition's size and shape, and
+            // they come at every doubling of a day's rows, so on a first day
+            // under load they were ~5 % of the server's statement time
+            // (docs/benchmarks.md, session 17). A 200,000-row partition took
+            // ~350 ms at the default target and ~55 ms at 20. Autovacuum's
+            // own analyses, later, keep the default.
             let analyze = sqlx::query(
                 "DO $$ DECLARE d text := to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD'); BEGIN \
+                   PERFORM set_config('default_statistics_target', '20', true); \
                    EXECUTE format('ANALYZE %I, %I, delivery_queue', 'deliveries_p' || d, 'attempts_p' || d); END $$",
             )
             .execute(&store.pool);

@@ -830,6 +830,7 @@ async fn accept_in_one_call(
                 delivery_id: d.id,
                 token: INGEST_CLAIM_TOKEN,
                 partition: day,
+                subscription: d.sub_id,
             })
             .collect(),
         None => Vec::new(),
@@ -1043,11 +1044,21 @@ impl Store for PgStore {
 
     async fn due_work(&self) -> Result<hookd_store::DueWork> {
         self.bounded(async {
+            // The due rows counted per subscription first, then the active
+            // subscriptions kept: one pass over the queue. Joined row by row,
+            // PostgreSQL (guessing one active subscription, as a small table's
+            // statistics say) read each subscription's due rows by index, one
+            // heap page per row, as the rows of all subscriptions interleave
+            // on the queue's pages: 613 ms against 65 ms for a 100-subscription
+            // queue of 120,000 rows, every monitor round (docs/benchmarks.md,
+            // session 17).
             let row = sqlx::query(
-                "SELECT count(*) AS due, \
-                 COALESCE(EXTRACT(EPOCH FROM now() - min(d.next_attempt_at)), 0)::float8 AS overdue \
-                 FROM delivery_queue d JOIN subscriptions s ON s.sub_id = d.sub_id \
-                 WHERE d.state = 'pending' AND d.next_attempt_at <= now() AND s.state = 'active'",
+                "SELECT COALESCE(sum(q.due), 0)::bigint AS due, \
+                 COALESCE(EXTRACT(EPOCH FROM now() - min(q.oldest)), 0)::float8 AS overdue \
+                 FROM (SELECT sub_id, count(*) AS due, min(next_attempt_at) AS oldest \
+                       FROM delivery_queue WHERE state = 'pending' AND next_attempt_at <= now() \
+                       GROUP BY sub_id) q \
+                 JOIN subscriptions s ON s.sub_id = q.sub_id WHERE s.state = 'active'",
             )
             .fetch_one(&self.pool)
             .await
@@ -1767,82 +1778,56 @@ impl Store for PgStore {
             return Ok(Vec::new());
         }
         self.bounded(async {
-            let ids: Vec<Uuid> = records
+            let n = records.len();
+            let mut tx = begin(self).await?;
+            // Each delivery's day partition, which the statement below names
+            // so that each of its lookups reads one partition's index, not
+            // every day's (see "Lookups by id" above). A lease of this
+            // store's claims names it (an in-flight row never changes day:
+            // retention carries only pending rows forward); any other lease's
+            // day is read by id. A delivery that is gone (its day dropped)
+            // moves nothing and gets no attempt row: its record gets
+            // LeaseLost (and, read by id, found no day, counts for no
+            // streak either).
+            let mut retains: Vec<Option<Timestamp>> =
+                records.iter().map(|r| r.lease.partition).collect();
+            let unknown: Vec<Uuid> = records
                 .iter()
+                .filter(|r| r.lease.partition.is_none())
                 .map(|r| *r.lease.delivery_id.as_uuid())
                 .collect();
-            let mut tx = begin(self).await?;
-            // Each delivery's subscription, for the streaks, and its day
-            // partition, which the statements below name so that each of
-            // their lookups reads one partition's index, not every day's
-            // (see "Lookups by id" above). A delivery that is gone (its day
-            // dropped) gets LeaseLost and nothing else, as record_attempt
-            // does. An in-flight row never changes day (retention carries
-            // only pending rows forward), so the day read here holds for
-            // every record whose lease still holds; one carried forward
-            // after this read was pending, its lease lost either way. A
-            // lease of this store's claims names the day, so its row is read
-            // from that day alone; any other by id.
-            let (mut known, mut days, mut other) = (Vec::new(), Vec::new(), Vec::new());
-            for r in &records {
-                let id = *r.lease.delivery_id.as_uuid();
-                match r.lease.partition {
-                    Some(day) => {
-                        known.push(id);
-                        days.push(day);
+            if !unknown.is_empty() {
+                let found: HashMap<Uuid, Timestamp> = sqlx::query_as(
+                    "SELECT delivery_id, retain_from FROM deliveries WHERE delivery_id = ANY($1)",
+                )
+                .bind(&unknown)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(map)?
+                .into_iter()
+                .collect();
+                for (r, day) in records.iter().zip(&mut retains) {
+                    if day.is_none() {
+                        *day = found.get(r.lease.delivery_id.as_uuid()).copied();
                     }
-                    None => other.push(id),
                 }
             }
-            let mut rows = sqlx::query(
-                "SELECT d.delivery_id, d.sub_id, d.retain_from \
-                 FROM unnest($1::uuid[], $2::timestamptz[]) AS v(delivery_id, retain_from) \
-                 JOIN deliveries d ON d.delivery_id = v.delivery_id AND d.retain_from = v.retain_from",
-            )
-            .bind(&known)
-            .bind(&days)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(map)?;
-            if !other.is_empty() {
-                rows.extend(
-                    sqlx::query(
-                        "SELECT delivery_id, sub_id, retain_from FROM deliveries \
-                         WHERE delivery_id = ANY($1)",
-                    )
-                    .bind(&other)
-                    .fetch_all(&mut *tx)
-                    .await
-                    .map_err(map)?,
-                );
-            }
-            let found: HashMap<Uuid, (Uuid, Timestamp)> = rows
-                .iter()
-            .map(|row| {
-                Ok((
-                    row.try_get("delivery_id")?,
-                    (row.try_get("sub_id")?, row.try_get("retain_from")?),
-                ))
-            })
-            .collect::<std::result::Result<_, sqlx::Error>>()
-            .map_err(map)?;
-            let retains: Vec<Option<Timestamp>> =
-                ids.iter().map(|id| found.get(id).map(|&(_, r)| r)).collect();
             // The same lock order as record_attempt: subscription rows (only
             // those whose streak changes), then deliveries, then attempts.
             // One statement for all streaks, each folded over the batch in
-            // record order; subscriptions sorted, so two batches lock them
-            // in one order.
+            // record order, the subscription taken from the lease (it never
+            // changes), so no delivery row is read for it; subscriptions
+            // sorted, so two batches lock them in one order. Every attempt
+            // made counts, whatever became of its lease (as record_attempt).
             let mut streaks: HashMap<Uuid, StreakChange> = HashMap::new();
-            for r in &records {
-                if let Some((sub, _)) = found.get(r.lease.delivery_id.as_uuid()) {
-                    let delivered = matches!(r.next, NextState::Delivered);
-                    let prev = streaks.get(sub).copied();
-                    streaks.insert(
-                        *sub,
-                        StreakChange::then(prev, delivered, r.attempt.started_at),
-                    );
+            for (r, day) in records.iter().zip(&retains) {
+                if day.is_none() {
+                    continue;
                 }
+                let sub = *r.lease.subscription.as_uuid();
+                let delivered = matches!(r.next, NextState::Delivered);
+                let prev = streaks.get(&sub).copied();
+                streaks.insert(sub, StreakChange::then(prev, delivered, r.attempt.started_at));
             }
             let mut streaks: Vec<(Uuid, StreakChange)> = streaks.into_iter().collect();
             streaks.sort_by_key(|(sub, _)| *sub);
@@ -1874,110 +1859,105 @@ impl Store for PgStore {
                 .await
                 .map_err(map)?;
             }
-            // Every delivery in one statement, each fenced by its own token.
-            let n = records.len();
-            let (mut tokens, mut states, mut statuses, mut errors, mut delays) = (
-                Vec::with_capacity(n),
-                Vec::with_capacity(n),
-                Vec::with_capacity(n),
-                Vec::with_capacity(n),
-                Vec::with_capacity(n),
-            );
+            // Every delivery and every attempt in one statement. Each
+            // delivery moves if its lease still holds, fenced by its own
+            // token, and only by the first record of a lease in the batch
+            // (as recording them one by one would); `moved` returns which
+            // records moved theirs. Each attempt is written in its
+            // delivery's partition, in record order, with the outcome it
+            // caused (none when its lease was lost); the attempt of a lost
+            // lease only if its delivery is still there.
+            let mut ids = Vec::with_capacity(n);
+            let mut tokens = Vec::with_capacity(n);
+            let mut firsts = Vec::with_capacity(n);
+            let mut states = Vec::with_capacity(n);
+            let mut statuses = Vec::with_capacity(n);
+            let mut errors = Vec::with_capacity(n);
+            let mut delays = Vec::with_capacity(n);
+            let mut numbers = Vec::with_capacity(n);
+            let mut started = Vec::with_capacity(n);
+            let mut durations = Vec::with_capacity(n);
+            let mut classes = Vec::with_capacity(n);
+            let mut snippets = Vec::with_capacity(n);
+            let mut causes = Vec::with_capacity(n);
+            let mut leases = std::collections::HashSet::with_capacity(n);
             for r in &records {
-                let (state, delay) = match &r.next {
-                    NextState::Delivered => ("delivered", None),
-                    NextState::Retry { delay } => ("pending", Some(micros(*delay))),
-                    NextState::Failed => ("failed", None),
-                    NextState::Dead => ("dead", None),
+                let (state, cause, delay) = match &r.next {
+                    NextState::Delivered => ("delivered", "delivered", None),
+                    NextState::Retry { delay } => ("pending", "retry", Some(micros(*delay))),
+                    NextState::Failed => ("failed", "failed", None),
+                    NextState::Dead => ("dead", "dead", None),
                 };
+                let a = &r.attempt;
+                ids.push(*r.lease.delivery_id.as_uuid());
                 tokens.push(r.lease.token);
+                firsts.push(leases.insert((r.lease.delivery_id, r.lease.token)));
                 states.push(state);
-                statuses.push(r.attempt.status.map(i32::from));
+                statuses.push(a.status.map(i32::from));
                 errors.push(r.last_error.as_deref());
                 delays.push(delay);
-            }
-            let moved: Vec<(Uuid, i64)> = sqlx::query_as(
-                "UPDATE deliveries d SET attempt = d.attempt + 1, state = v.state, \
-                 last_status = v.status, last_error = v.last_error, \
-                 next_attempt_at = CASE WHEN v.delay IS NULL THEN d.next_attempt_at \
-                     ELSE now() + v.delay * interval '1 microsecond' END, \
-                 lease_expires = NULL, worker_id = NULL, updated_at = now() \
-                 FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::integer[], $5::text[], $6::bigint[], \
-                     $7::timestamptz[]) AS v(delivery_id, token, state, status, last_error, delay, retain_from) \
-                 WHERE d.delivery_id = v.delivery_id AND d.retain_from = v.retain_from \
-                     AND d.state = 'inflight' AND d.lease_token = v.token \
-                 RETURNING d.delivery_id, v.token",
-            )
-            .bind(&ids)
-            .bind(&tokens)
-            .bind(&states)
-            .bind(&statuses)
-            .bind(&errors)
-            .bind(&delays)
-            .bind(&retains)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(map)?;
-            // A lease moves its delivery once: the first record holding it.
-            let mut moved: std::collections::HashSet<(Uuid, i64)> = moved.into_iter().collect();
-            let outcomes: Vec<RecordOutcome> = records
-                .iter()
-                .map(|r| {
-                    if moved.remove(&(*r.lease.delivery_id.as_uuid(), r.lease.token)) {
-                        RecordOutcome::Recorded
-                    } else {
-                        RecordOutcome::LeaseLost
-                    }
-                })
-                .collect();
-            // Every attempt in one statement, in record order, each in its
-            // delivery's partition with the outcome it caused.
-            let (mut numbers, mut started, mut durations, mut classes, mut snippets, mut caused) = (
-                Vec::with_capacity(n),
-                Vec::with_capacity(n),
-                Vec::with_capacity(n),
-                Vec::with_capacity(n),
-                Vec::with_capacity(n),
-                Vec::with_capacity(n),
-            );
-            for (r, o) in records.iter().zip(&outcomes) {
-                let a = &r.attempt;
                 numbers.push(to_i32("attempt number", a.number)?);
                 started.push(a.started_at);
                 durations.push(i64::try_from(a.duration.as_millis()).unwrap_or(i64::MAX));
                 classes.push(a.error_class.map(|c| c.as_str()));
                 snippets.push(a.response_snippet.as_deref());
-                caused.push((*o == RecordOutcome::Recorded).then_some(match r.next {
-                    NextState::Delivered => "delivered",
-                    NextState::Retry { .. } => "retry",
-                    NextState::Failed => "failed",
-                    NextState::Dead => "dead",
-                }));
+                causes.push(cause);
             }
-            sqlx::query(
-                "INSERT INTO attempts (delivery_id, number, started_at, duration_ms, status, error_class, \
-                 response_snippet, outcome, retain_from) \
-                 SELECT v.delivery_id, v.number, v.started_at, v.duration_ms, v.status, v.error_class, \
-                     v.snippet, v.outcome, v.retain_from \
-                 FROM unnest($1::uuid[], $2::integer[], $3::timestamptz[], $4::bigint[], $5::integer[], \
-                     $6::text[], $7::text[], $8::text[], $9::timestamptz[]) WITH ORDINALITY \
-                     AS v(delivery_id, number, started_at, duration_ms, status, error_class, snippet, outcome, \
-                     retain_from, ord) \
-                 WHERE v.retain_from IS NOT NULL \
-                 ORDER BY v.ord",
+            let moved: Vec<(i64,)> = sqlx::query_as(
+                "WITH v AS MATERIALIZED ( \
+                     SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::boolean[], $4::text[], \
+                         $5::integer[], $6::text[], $7::bigint[], $8::timestamptz[], $9::integer[], \
+                         $10::timestamptz[], $11::bigint[], $12::text[], $13::text[], $14::text[]) \
+                         WITH ORDINALITY AS v(delivery_id, token, first, state, status, last_error, \
+                         delay, retain_from, number, started_at, duration_ms, error_class, snippet, \
+                         cause, ord) \
+                     WHERE retain_from IS NOT NULL), \
+                 moved AS ( \
+                     UPDATE deliveries d SET attempt = d.attempt + 1, state = v.state, \
+                         last_status = v.status, last_error = v.last_error, \
+                         next_attempt_at = CASE WHEN v.delay IS NULL THEN d.next_attempt_at \
+                             ELSE now() + v.delay * interval '1 microsecond' END, \
+                         lease_expires = NULL, worker_id = NULL, updated_at = now() \
+                     FROM v \
+                     WHERE v.first AND d.delivery_id = v.delivery_id AND d.retain_from = v.retain_from \
+                         AND d.state = 'inflight' AND d.lease_token = v.token \
+                     RETURNING v.ord), \
+                 written AS ( \
+                     INSERT INTO attempts (delivery_id, number, started_at, duration_ms, status, \
+                         error_class, response_snippet, outcome, retain_from) \
+                     SELECT v.delivery_id, v.number, v.started_at, v.duration_ms, v.status, \
+                         v.error_class, v.snippet, CASE WHEN m.ord IS NULL THEN NULL ELSE v.cause END, \
+                         v.retain_from \
+                     FROM v LEFT JOIN moved m ON m.ord = v.ord \
+                     WHERE m.ord IS NOT NULL OR EXISTS (SELECT 1 FROM deliveries d \
+                         WHERE d.delivery_id = v.delivery_id AND d.retain_from = v.retain_from) \
+                     ORDER BY v.ord) \
+                 SELECT ord FROM moved",
             )
             .bind(&ids)
+            .bind(&tokens)
+            .bind(&firsts)
+            .bind(&states)
+            .bind(&statuses)
+            .bind(&errors)
+            .bind(&delays)
+            .bind(&retains)
             .bind(&numbers)
             .bind(&started)
             .bind(&durations)
-            .bind(&statuses)
             .bind(&classes)
             .bind(&snippets)
-            .bind(&caused)
-            .bind(&retains)
-            .execute(&mut *tx)
+            .bind(&causes)
+            .fetch_all(&mut *tx)
             .await
             .map_err(map)?;
+            let mut outcomes = vec![RecordOutcome::LeaseLost; n];
+            for (ord,) in moved {
+                // ORDINALITY counts from 1.
+                if let Some(o) = usize::try_from(ord - 1).ok().and_then(|i| outcomes.get_mut(i)) {
+                    *o = RecordOutcome::Recorded;
+                }
+            }
             commit(tx).await?;
             Ok(outcomes)
         })

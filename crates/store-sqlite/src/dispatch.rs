@@ -550,10 +550,22 @@ pub(crate) async fn record_attempts(
 
     // 1. Every delivery whose lease still holds moves, in one UPDATE … FROM
     //    per chunk. Two records of one delivery carry different lease
-    //    tokens (two claims), and only the current one can match.
+    //    tokens (two claims), and only the current one can match. Two
+    //    records of one lease: only the first takes part, as recording them
+    //    one by one would have it (the second finds the lease gone).
+    let mut leases = std::collections::HashSet::with_capacity(records.len());
+    let firsts: Vec<bool> = records
+        .iter()
+        .map(|r| leases.insert((r.lease.delivery_id, r.lease.token)))
+        .collect();
+    let movers: Vec<&AttemptRecord> = records
+        .iter()
+        .zip(&firsts)
+        .filter_map(|(r, &first)| first.then_some(r))
+        .collect();
     let mut moved: std::collections::HashMap<(Uuid, i64), Uuid> =
         std::collections::HashMap::with_capacity(records.len());
-    for chunk in records.chunks(RECORDS_PER_STATEMENT) {
+    for chunk in movers.chunks(RECORDS_PER_STATEMENT) {
         let mut q =
             QueryBuilder::<Sqlite>::new("WITH v (id, token, state, status, error, next_at) AS (");
         q.push_values(chunk, |mut row, r| {
@@ -623,10 +635,11 @@ pub(crate) async fn record_attempts(
     //    lease was lost), and the streaks folded in record order.
     let mut outcomes = Vec::with_capacity(records.len());
     let mut streaks: Vec<(Uuid, StreakChange)> = Vec::new();
-    for r in &records {
+    for (r, first) in records.iter().zip(firsts) {
         let key = (*r.lease.delivery_id.as_uuid(), r.lease.token);
         let (sub_id, outcome) = match moved.get(&key) {
-            Some(sub) => (*sub, RecordOutcome::Recorded),
+            Some(sub) if first => (*sub, RecordOutcome::Recorded),
+            Some(sub) => (*sub, RecordOutcome::LeaseLost),
             None => (
                 *lost_subs.get(&key.0).ok_or(StoreError::NotFound)?,
                 RecordOutcome::LeaseLost,

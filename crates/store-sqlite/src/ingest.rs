@@ -141,6 +141,7 @@ async fn insert_claiming(
                         delivery_id: d.id,
                         token: INGEST_CLAIM_TOKEN,
                         partition: None,
+                        subscription: d.sub_id,
                     });
                     row.push("'inflight'")
                         .push("0")

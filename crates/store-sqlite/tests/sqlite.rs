@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hookd_domain::DeliveryId;
+use hookd_domain::{DeliveryId, SubscriptionId};
 use hookd_store::conformance::{new_event, new_sub};
 use hookd_store::{
     Attempt, AttemptRecord, ClaimOrder, ClaimRequest, Lease, NewDelivery, NextState, Store,
@@ -159,6 +159,7 @@ async fn an_attempt_for_an_unknown_delivery_is_not_found() {
             delivery_id: DeliveryId::new(),
             token: 1,
             partition: None,
+            subscription: SubscriptionId::new(),
         },
         attempt: Attempt {
             number: 1,

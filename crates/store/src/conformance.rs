@@ -121,6 +121,7 @@ macro_rules! conformance_tests {
             a_failing_streak_starts_at_the_first_failure_and_ends_at_a_delivery,
             failing_streaks_count_attempts_whose_lease_was_lost,
             record_attempts_fences_each_record_by_its_own_lease,
+            a_lease_recorded_twice_in_one_batch_moves_its_delivery_once,
             record_attempts_equals_recording_one_by_one,
             an_empty_batch_of_attempts_records_nothing,
             a_batch_moves_the_failing_streak_in_record_order,
@@ -5278,6 +5279,38 @@ pub async fn record_attempts_fences_each_record_by_its_own_lease(store: Arc<dyn 
     let d = store.get_delivery(&ids[3]).await.unwrap();
     assert_eq!(d.delivery.state, DeliveryState::Delivered);
     assert_eq!(d.attempts.len(), 2);
+}
+
+/// Two records of one lease in a batch (a worker's retry of its own record,
+/// say) are what recording them one by one gives: the first moves the
+/// delivery, the second is LeaseLost, and both attempts are written.
+pub async fn a_lease_recorded_twice_in_one_batch_moves_its_delivery_once(store: Arc<dyn Store>) {
+    let a = store
+        .create_subscription(new_sub("batch-twice.example", None))
+        .await
+        .unwrap();
+    let id = ingest_one(&store, &a, "order.created").await;
+    let c = claim_one(&store, "batch-twice.example").await;
+    let outcomes = store
+        .record_attempts(vec![
+            record_of(&c, 200, minutes_ago(2), NextState::Delivered),
+            record_of(&c, 500, minutes_ago(1), NextState::Retry { delay: LONG }),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(
+        outcomes,
+        [RecordOutcome::Recorded, RecordOutcome::LeaseLost]
+    );
+    let d = store.get_delivery(&id).await.unwrap();
+    assert_eq!(d.delivery.state, DeliveryState::Delivered, "the first record's state");
+    assert_eq!(d.delivery.attempt, 1);
+    assert_eq!(d.delivery.last_status, Some(200));
+    assert_eq!(
+        d.attempts.iter().map(|a| a.status).collect::<Vec<_>>(),
+        [Some(200), Some(500)],
+        "both attempts are written"
+    );
 }
 
 pub async fn record_attempts_equals_recording_one_by_one(store: Arc<dyn Store>) {

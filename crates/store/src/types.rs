@@ -296,6 +296,9 @@ pub struct Lease {
     /// while the delivery is in flight. A statement given it reads that one
     /// partition's index; `None` (SQLite) finds the row by its id alone.
     pub partition: Option<Timestamp>,
+    /// The delivery's subscription, which never changes: a record takes
+    /// the subscription's failing streak from it without reading the row.
+    pub subscription: SubscriptionId,
 }
 
 /// Everything a worker needs to make an attempt.
@@ -372,6 +375,7 @@ impl ClaimParts {
                 delivery_id: delivery.id,
                 token,
                 partition,
+                subscription: delivery.sub_id,
             },
             delivery,
             event,
