@@ -5303,7 +5303,11 @@ pub async fn a_lease_recorded_twice_in_one_batch_moves_its_delivery_once(store: 
         [RecordOutcome::Recorded, RecordOutcome::LeaseLost]
     );
     let d = store.get_delivery(&id).await.unwrap();
-    assert_eq!(d.delivery.state, DeliveryState::Delivered, "the first record's state");
+    assert_eq!(
+        d.delivery.state,
+        DeliveryState::Delivered,
+        "the first record's state"
+    );
     assert_eq!(d.delivery.attempt, 1);
     assert_eq!(d.delivery.last_status, Some(200));
     assert_eq!(
