@@ -1869,7 +1869,6 @@ impl Store for PgStore {
             // lease only if its delivery is still there.
             let mut ids = Vec::with_capacity(n);
             let mut tokens = Vec::with_capacity(n);
-            let mut firsts = Vec::with_capacity(n);
             let mut states = Vec::with_capacity(n);
             let mut statuses = Vec::with_capacity(n);
             let mut errors = Vec::with_capacity(n);
@@ -1880,7 +1879,7 @@ impl Store for PgStore {
             let mut classes = Vec::with_capacity(n);
             let mut snippets = Vec::with_capacity(n);
             let mut causes = Vec::with_capacity(n);
-            let mut leases = std::collections::HashSet::with_capacity(n);
+            let firsts = AttemptRecord::firsts_of_their_lease(&records);
             for r in &records {
                 let (state, cause, delay) = match &r.next {
                     NextState::Delivered => ("delivered", "delivered", None),
@@ -1891,7 +1890,6 @@ impl Store for PgStore {
                 let a = &r.attempt;
                 ids.push(*r.lease.delivery_id.as_uuid());
                 tokens.push(r.lease.token);
-                firsts.push(leases.insert((r.lease.delivery_id, r.lease.token)));
                 states.push(state);
                 statuses.push(a.status.map(i32::from));
                 errors.push(r.last_error.as_deref());

@@ -553,11 +553,7 @@ pub(crate) async fn record_attempts(
     //    tokens (two claims), and only the current one can match. Two
     //    records of one lease: only the first takes part, as recording them
     //    one by one would have it (the second finds the lease gone).
-    let mut leases = std::collections::HashSet::with_capacity(records.len());
-    let firsts: Vec<bool> = records
-        .iter()
-        .map(|r| leases.insert((r.lease.delivery_id, r.lease.token)))
-        .collect();
+    let firsts = AttemptRecord::firsts_of_their_lease(&records);
     let movers: Vec<&AttemptRecord> = records
         .iter()
         .zip(&firsts)

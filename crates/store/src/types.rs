@@ -296,8 +296,9 @@ pub struct Lease {
     /// while the delivery is in flight. A statement given it reads that one
     /// partition's index; `None` (SQLite) finds the row by its id alone.
     pub partition: Option<Timestamp>,
-    /// The delivery's subscription, which never changes: a record takes
-    /// the subscription's failing streak from it without reading the row.
+    /// The delivery's subscription, which never changes: PostgreSQL's
+    /// batch of records folds the failing streaks from it without reading
+    /// the delivery rows.
     pub subscription: SubscriptionId,
 }
 
@@ -411,6 +412,20 @@ pub struct AttemptRecord {
     pub next: NextState,
     /// `last_error` to store (`None` clears it).
     pub last_error: Option<String>,
+}
+
+impl AttemptRecord {
+    /// For each of `records`, whether it is the first of its lease among
+    /// them. Only that one may move its delivery in a batch, as recording
+    /// them one by one has it: a later record of the same lease finds it
+    /// spent (`LeaseLost`), though its attempt is still written.
+    pub fn firsts_of_their_lease(records: &[AttemptRecord]) -> Vec<bool> {
+        let mut seen = std::collections::HashSet::with_capacity(records.len());
+        records
+            .iter()
+            .map(|r| seen.insert((r.lease.delivery_id, r.lease.token)))
+            .collect()
+    }
 }
 
 /// Whether a recorded attempt moved its delivery.
