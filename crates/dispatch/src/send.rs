@@ -58,9 +58,18 @@ impl Sender {
     /// A sender with one shared connection pool, sending as `egress`
     /// says: host names resolved through its resolver and checked against
     /// its policy on every new connection, through its proxy if it has one.
+    ///
+    /// The pool keeps up to `max_idle_per_host` idle connections to each
+    /// host (for 60 s). It should be at least the most attempts a host may
+    /// have in flight: below that, every dip in a busy host's in-flight
+    /// count closes connections that the next claim opens again (a new TCP
+    /// connection, and a TLS handshake, per attempt for the host). The pool
+    /// never holds more idle connections than were open at once, and
+    /// admission bounds those.
     pub fn new(
         timeout: Duration,
         max_response_bytes: usize,
+        max_idle_per_host: usize,
         egress: Egress,
     ) -> Result<Self, reqwest::Error> {
         let mut builder = reqwest::Client::builder()
@@ -68,7 +77,7 @@ impl Sender {
             .user_agent(USER_AGENT)
             .connect_timeout(timeout)
             .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(64)
+            .pool_max_idle_per_host(max_idle_per_host)
             .tcp_nodelay(true);
         builder = match &egress.proxy {
             // The proxy resolves the target; this client resolves only the
@@ -430,6 +439,7 @@ mod egress_tests {
         Sender::new(
             Duration::from_secs(10),
             64 * 1024,
+            64,
             Egress {
                 policy,
                 resolver,
@@ -612,6 +622,7 @@ mod egress_tests {
         Sender::new(
             Duration::from_secs(10),
             1024,
+            1024,
             Egress {
                 policy: DestinationPolicy::PublicOnly,
                 resolver,
@@ -661,5 +672,122 @@ mod egress_tests {
             "{head}"
         );
         assert_eq!(resolver.lookups(), 1, "the target was checked");
+    }
+}
+
+/// The connection pool against a busy host, over real loopback HTTP.
+#[cfg(test)]
+mod pool_tests {
+    use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+    use std::net::TcpListener;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Barrier};
+
+    use hookd_domain::destination::{DestinationPolicy, DestinationUrl};
+    use hookd_domain::subscription::RetryPolicy;
+
+    use super::*;
+    use crate::egress::{Egress, SystemResolver};
+    use crate::record::tests::{claimed, clock};
+
+    /// A keep-alive HTTP/1.1 receiver that answers each request only once
+    /// `held` requests are waiting at once (so that many connections are
+    /// open together), and counts the connections it accepted.
+    fn holding_receiver(held: usize) -> (u16, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let gate = Arc::new(Barrier::new(held));
+        let count = accepted.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { return };
+                count.fetch_add(1, Ordering::SeqCst);
+                let gate = gate.clone();
+                std::thread::spawn(move || serve(conn, &gate));
+            }
+        });
+        (port, accepted)
+    }
+
+    /// Answers requests on one connection, 204 each, until the peer closes.
+    fn serve(conn: std::net::TcpStream, gate: &Barrier) {
+        let mut out = conn.try_clone().unwrap();
+        let mut reader = BufReader::new(conn);
+        loop {
+            let mut length = 0usize;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    return;
+                }
+                if line == "\r\n" {
+                    break;
+                }
+                if let Some((k, v)) = line.split_once(':')
+                    && k.eq_ignore_ascii_case("content-length")
+                {
+                    length = v.trim().parse().unwrap();
+                }
+            }
+            let mut body = vec![0u8; length];
+            reader.read_exact(&mut body).unwrap();
+            gate.wait();
+            out.write_all(b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n")
+                .unwrap();
+        }
+    }
+
+    /// `n` attempts at once to `port`.
+    async fn round(sender: &Sender, port: u16, n: usize) {
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..n {
+            let sender = sender.clone();
+            tasks.spawn(async move {
+                let clock = clock();
+                let mut c = claimed(&clock, 0, RetryPolicy::default());
+                c.subscription.url = DestinationUrl::parse(
+                    &format!("http://127.0.0.1:{port}/hook"),
+                    DestinationPolicy::AllowPrivate,
+                )
+                .unwrap();
+                sender.send(&c, 1, &clock).await.attempt.status
+            });
+        }
+        while let Some(status) = tasks.join_next().await {
+            assert_eq!(status.unwrap(), Some(204));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_host_busier_than_the_old_idle_cap_keeps_its_connections() {
+        // 200 attempts in flight at one host (a raised --host-concurrency
+        // or max_concurrency), twice. The second round finds the first
+        // round's connections idle in the pool. With the old fixed cap of
+        // 64 idle connections per host, 136 were closed after the first
+        // round and opened again for the second.
+        const AT_ONCE: usize = 200;
+        let (port, accepted) = holding_receiver(AT_ONCE);
+        let sender = Sender::new(
+            Duration::from_secs(30),
+            1024,
+            1024,
+            Egress {
+                policy: DestinationPolicy::AllowPrivate,
+                resolver: Arc::new(SystemResolver),
+                proxy: None,
+            },
+        )
+        .unwrap();
+        round(&sender, port, AT_ONCE).await;
+        assert_eq!(accepted.load(Ordering::SeqCst), AT_ONCE);
+        round(&sender, port, AT_ONCE).await;
+        // A connection handed back to the pool a moment after its response
+        // may be passed over for a new one; the old cap forced 136.
+        let opened_again = accepted.load(Ordering::SeqCst) - AT_ONCE;
+        assert!(
+            opened_again < AT_ONCE - 64,
+            "{opened_again} connections opened again for the second round"
+        );
     }
 }
