@@ -355,8 +355,9 @@ impl Run {
     }
 
     fn spawn(self: &Arc<Self>, inner: &Arc<Inner>, job: Job) {
-        self.tracker
-            .spawn(attempt(inner.clone(), job, self.clone()));
+        let fut = attempt(inner.clone(), job, self.clone());
+        eprintln!("ATTEMPT FUTURE SIZE {}", std::mem::size_of_val(&fut));
+        self.tracker.spawn(fut);
     }
 }
 
