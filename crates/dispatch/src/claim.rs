@@ -355,9 +355,8 @@ impl Run {
     }
 
     fn spawn(self: &Arc<Self>, inner: &Arc<Inner>, job: Job) {
-        let fut = attempt(inner.clone(), job, self.clone());
-        eprintln!("ATTEMPT FUTURE SIZE {}", std::mem::size_of_val(&fut));
-        self.tracker.spawn(fut);
+        self.tracker
+            .spawn(attempt(inner.clone(), job, self.clone()));
     }
 }
 
