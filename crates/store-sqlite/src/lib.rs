@@ -272,12 +272,14 @@ impl SqliteStore {
                     // cost more in munmap than it saved and counted in RSS).
                     .pragma("cache_size", "-65536")
                     // The writer checkpoints the WAL into the file itself,
-                    // on the commit that crosses this many pages. SQLite's
-                    // 1,000 (4 MiB) checkpointed every few hundred
-                    // commits, copying the same hot index pages back again
-                    // each time: 3.5 % of hookd's CPU in `fanout`. 10,000
-                    // (a 40 MiB WAL at most, reused after each checkpoint)
-                    // copies each page once per ten times as many commits.
+                    // on the commit that crosses this many pages, and every
+                    // write waits. SQLite's 1,000 (4 MiB) checkpointed every
+                    // few hundred commits, copying the same hot index pages
+                    // back again and syncing the WAL and the file each time
+                    // (3.5 % of hookd's CPU in `fanout`, plus the syncs).
+                    // 10,000 (a 40 MiB WAL at most, reused after each
+                    // checkpoint) does that a tenth as often: `fanout`
+                    // +8 % (docs/benchmarks.md, session 18).
                     .pragma("wal_autocheckpoint", "10000"),
             )
             .await
