@@ -423,17 +423,7 @@ impl Dispatcher {
         wake: Arc<Notify>,
     ) -> Result<Self, BuildError> {
         config.validate().map_err(BuildError::Config)?;
-        // Any one host may have up to every attempt in flight (its
-        // concurrency is the server's default or its subscriptions'
-        // `max_concurrency`, up to 1,000): idle connections up to that
-        // many stay pooled, so no host's connections churn.
-        let sender = Sender::new(
-            config.attempt_timeout,
-            config.max_response_bytes,
-            config.max_in_flight,
-            config.egress.clone(),
-        )
-        .map_err(BuildError::Http)?;
+        let sender = Sender::for_dispatch(&config).map_err(BuildError::Http)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 store,

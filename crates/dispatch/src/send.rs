@@ -101,6 +101,20 @@ impl Sender {
         })
     }
 
+    /// The sender a dispatcher with `config` uses. Any one host may have
+    /// up to every attempt in flight (its concurrency is the server's
+    /// default or its subscriptions' `max_concurrency`, up to 1,000), so
+    /// idle connections up to `max_in_flight` stay pooled per host: no
+    /// host's connections churn.
+    pub fn for_dispatch(config: &crate::DispatchConfig) -> Result<Self, reqwest::Error> {
+        Self::new(
+            config.attempt_timeout,
+            config.max_response_bytes,
+            config.max_in_flight,
+            config.egress.clone(),
+        )
+    }
+
     /// Checks what reqwest's resolver will not see: an IP-literal host
     /// (never resolved), and with a proxy, the host itself (the proxy
     /// resolves it). `Err` is the error class to record, without sending.
@@ -768,16 +782,15 @@ mod pool_tests {
         // round and opened again for the second.
         const AT_ONCE: usize = 200;
         let (port, accepted) = holding_receiver(AT_ONCE);
-        let sender = Sender::new(
-            Duration::from_secs(30),
-            1024,
-            1024,
-            Egress {
+        // The dispatcher's sender, with the standard configuration.
+        let sender = Sender::for_dispatch(&crate::DispatchConfig {
+            egress: Egress {
                 policy: DestinationPolicy::AllowPrivate,
                 resolver: Arc::new(SystemResolver),
                 proxy: None,
             },
-        )
+            ..crate::DispatchConfig::standard("pool-test".into())
+        })
         .unwrap();
         round(&sender, port, AT_ONCE).await;
         assert_eq!(accepted.load(Ordering::SeqCst), AT_ONCE);
