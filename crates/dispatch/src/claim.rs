@@ -82,7 +82,7 @@ pub enum BuildError {
     Config(String),
     /// The HTTP client could not be built.
     #[error("could not build the HTTP client")]
-    Http(#[source] reqwest::Error),
+    Http(#[source] crate::send::SenderError),
 }
 
 /// What the attempt tasks of one run share: where they are tracked, how they

@@ -5,13 +5,13 @@
 //! can resolve to anything, and to something else tomorrow (DNS rebinding).
 //! So every new connection resolves its host through [`CheckedResolver`],
 //! which refuses the whole lookup if **any** address it got is forbidden by
-//! the [`DestinationPolicy`]. reqwest (hyper's connector) then connects to
+//! the [`DestinationPolicy`]. hyper-util's connector then connects to
 //! exactly the addresses this resolver returned and resolves nothing
 //! itself, so the address that was checked is the address that is used:
 //! there is no second lookup an attacker's DNS server could answer
 //! differently.
 //!
-//! Two paths bypass reqwest's resolver and are checked by the
+//! Two paths bypass this resolver and are checked by the
 //! [`Sender`](crate::send::Sender) before it sends:
 //! - an IP-literal host (hyper does not resolve literals), checked against
 //!   the current policy, which may be stricter than when the URL was stored;
@@ -28,6 +28,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use hookd_domain::destination::DestinationPolicy;
+use hyper_util::client::legacy::connect::dns::Name;
 
 /// Looks host names up. The seam through which tests answer what they like
 /// (e.g. a forbidden address, as a rebinding DNS server would).
@@ -191,11 +192,11 @@ pub async fn resolve_checked(
     Ok(addrs)
 }
 
-/// reqwest's resolver: resolves through a [`HostResolver`] and refuses the
-/// connection if any address is forbidden.
+/// The HTTP connector's resolver: resolves through a [`HostResolver`] and
+/// refuses the connection if any address is forbidden.
 ///
-/// reqwest connects to exactly the addresses returned here (with the URL's
-/// port), so the checked address is the one connected to. It is asked for
+/// hyper-util's connector connects to exactly the addresses returned here
+/// (with the URL's port), so the checked address is the one connected to. It is asked for
 /// every new connection (pooled connections were checked when made).
 #[derive(Debug, Clone)]
 pub struct CheckedResolver {
@@ -210,14 +211,27 @@ impl CheckedResolver {
     }
 }
 
-impl reqwest::dns::Resolve for CheckedResolver {
-    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+impl tower_service::Service<Name> for CheckedResolver {
+    type Response = std::vec::IntoIter<SocketAddr>;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, name: Name) -> Self::Future {
         let resolver = self.resolver.clone();
         let policy = self.policy;
         let host = name.as_str().to_owned();
         Box::pin(async move {
             // A refusal goes back as the bare `ForbiddenAddress`, so the
-            // sender finds it in reqwest's error chain.
+            // sender finds it in the connector's error chain.
             let addrs = resolve_checked(resolver.as_ref(), &policy, &host)
                 .await
                 .map_err(|e| -> Box<dyn std::error::Error + Send + Sync> {
@@ -227,9 +241,11 @@ impl reqwest::dns::Resolve for CheckedResolver {
                     }
                 })?;
             // Port 0: the connector puts the URL's port in.
-            let addrs: reqwest::dns::Addrs =
-                Box::new(addrs.into_iter().map(|ip| SocketAddr::new(ip, 0)));
-            Ok(addrs)
+            Ok(addrs
+                .into_iter()
+                .map(|ip| SocketAddr::new(ip, 0))
+                .collect::<Vec<_>>()
+                .into_iter())
         })
     }
 }
