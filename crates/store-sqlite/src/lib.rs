@@ -141,6 +141,9 @@ pub struct SqliteStore {
     /// Read-only connections, so a read can never take the write lock by
     /// accident and stall the writer.
     reader: SqlitePool,
+    /// One connection that only checkpoints the WAL into the file, in the
+    /// background ([`checkpoint_in_background`]), so the writer never does.
+    checkpointer: SqlitePool,
     /// This process's hold on the database file, shared by clones; taken
     /// out by [`close`](Self::close) so a closed store stops keeping other
     /// processes out.
@@ -271,17 +274,20 @@ impl SqliteStore {
                     // only more to throw away (and a memory map, tried too,
                     // cost more in munmap than it saved and counted in RSS).
                     .pragma("cache_size", "-65536")
-                    // The writer checkpoints the WAL into the file itself,
-                    // on the commit that crosses this many pages, and every
-                    // write waits. SQLite's 1,000 (4 MiB) checkpointed every
-                    // few hundred commits, copying the same hot index pages
-                    // back again and syncing the WAL and the file each time
-                    // (3.5 % of hookd's CPU in `fanout`, plus the syncs).
-                    // 10,000 (a 40 MiB WAL at most, reused after each
-                    // checkpoint) does that a tenth as often: `fanout`
-                    // +8 % (docs/benchmarks.md, session 18).
-                    .pragma("wal_autocheckpoint", "10000"),
+                    // Checkpoints are the checkpointer's (below), off the
+                    // writer's path. The writer checkpoints itself only if
+                    // the WAL still grows past this many pages (40 MiB),
+                    // say while the checkpointer is held up.
+                    .pragma("wal_autocheckpoint", WRITER_CHECKPOINT_PAGES),
             )
+            .await
+            .map_err(from_sqlx)?;
+        let checkpointer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect_with(options.clone())
             .await
             .map_err(from_sqlx)?;
         let reader = SqlitePoolOptions::new()
@@ -289,11 +295,15 @@ impl SqliteStore {
             .connect_with(options.read_only(true))
             .await
             .map_err(from_sqlx)?;
+        let generation = lock.generation.clone();
+        let lock = Arc::new(Mutex::new(Some(lock)));
+        checkpoint_in_background(checkpointer.clone(), Arc::downgrade(&lock));
         Ok(Self {
             writer,
             reader,
-            generation: lock.generation.clone(),
-            lock: Arc::new(Mutex::new(Some(lock))),
+            checkpointer,
+            generation,
+            lock,
             keyring: Arc::new(keyring),
             fanout: hookd_store::LazyFanout::DEFAULT,
         })
@@ -313,6 +323,7 @@ impl SqliteStore {
     /// holds it, another process may open the file.
     pub async fn close(&self) {
         self.reader.close().await;
+        self.checkpointer.close().await;
         self.writer.close().await;
         let hold = self
             .lock
@@ -343,6 +354,53 @@ impl SqliteStore {
 
 /// sqlx's own table of applied migrations, so `sqlx migrate info` works on
 /// a hookd database.
+/// How often the checkpointer copies the WAL into the database file.
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(250);
+
+/// The WAL's size (pages) at which the writer checkpoints by itself: only
+/// if the checkpointer falls behind.
+const WRITER_CHECKPOINT_PAGES: &str = "10000";
+
+/// Copies the WAL into the database file every [`CHECKPOINT_EVERY`], on its
+/// own connection, until the store is closed or every clone of it is gone
+/// (`alive` no longer upgrades).
+///
+/// A checkpoint copies the pages written since the last one into the file
+/// and, with `synchronous = NORMAL`, syncs the WAL and the file. Left to the
+/// writer (`wal_autocheckpoint`), it runs on the commit that crosses the
+/// threshold while every other write waits: at SQLite's 1,000 pages that
+/// was 3.5 % of hookd's CPU in `fanout`, on the one writer thread, and at
+/// 10,000 pages (session 18) each one held the writer long enough to put
+/// `steady`'s p99 at 150–330 ms (docs/benchmarks.md, session 19). Here it
+/// is `PASSIVE`: it copies what no reader still needs, waits for nobody,
+/// and the writer goes on appending meanwhile. The WAL restarts from its
+/// beginning once a checkpoint has caught up.
+fn checkpoint_in_background(
+    pool: SqlitePool,
+    alive: std::sync::Weak<Mutex<Option<Arc<ProcessLock>>>>,
+) {
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(CHECKPOINT_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            if pool.is_closed() || alive.strong_count() == 0 {
+                break;
+            }
+            if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+                .execute(&pool)
+                .await
+            {
+                if pool.is_closed() {
+                    break;
+                }
+                tracing::warn!(error = %e, "checkpointing the WAL failed");
+            }
+        }
+        pool.close().await;
+    });
+}
+
 const MIGRATIONS_TABLE: &str = "_sqlx_migrations";
 
 /// Applies the embedded migrations that are not applied yet, on a connection

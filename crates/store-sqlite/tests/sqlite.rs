@@ -345,3 +345,34 @@ async fn retention_deletes_at_most_a_batch_of_each_table_per_call() {
     }
     assert_eq!(store.daily_stats(&sub.id, since).await.unwrap(), stats);
 }
+
+/// The WAL is copied into the database file in the background while the
+/// store stays open: the writer's own checkpoint only comes at 10,000 pages
+/// (40 MiB), far above what this writes, so only the checkpointer can make
+/// the file grow.
+#[tokio::test]
+async fn the_wal_is_checkpointed_into_the_file_while_the_store_is_open() {
+    let (store, dir) = fresh().await;
+    let file = dir.path().join("hookd.db");
+    let before = std::fs::metadata(&file).unwrap().len();
+    // About 4 MiB of payloads: some 1,000 pages in the WAL.
+    let payload = format!(r#"{{"pad":"{}"}}"#, "x".repeat(16 * 1024));
+    for _ in 0..256 {
+        let mut ev = new_event("order.created", None);
+        ev.payload = payload.clone();
+        store.accept_event(ev, vec![]).await.unwrap();
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = std::fs::metadata(&file).unwrap().len();
+        if now >= before + 4 * 1024 * 1024 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the file stayed at {now} bytes (was {before}): nothing was checkpointed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    store.close().await;
+}
