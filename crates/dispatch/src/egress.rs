@@ -196,8 +196,9 @@ pub async fn resolve_checked(
 /// refuses the connection if any address is forbidden.
 ///
 /// hyper-util's connector connects to exactly the addresses returned here
-/// (with the URL's port), so the checked address is the one connected to. It is asked for
-/// every new connection (pooled connections were checked when made).
+/// (with the URL's port), so the checked address is the one connected to.
+/// It is asked for every new connection (pooled connections were checked
+/// when made).
 #[derive(Debug, Clone)]
 pub struct CheckedResolver {
     resolver: Arc<dyn HostResolver>,

@@ -352,8 +352,6 @@ impl SqliteStore {
     }
 }
 
-/// sqlx's own table of applied migrations, so `sqlx migrate info` works on
-/// a hookd database.
 /// How often the checkpointer copies the WAL into the database file.
 const CHECKPOINT_EVERY: Duration = Duration::from_millis(250);
 
@@ -401,6 +399,8 @@ fn checkpoint_in_background(
     });
 }
 
+/// sqlx's own table of applied migrations, so `sqlx migrate info` works on
+/// a hookd database.
 const MIGRATIONS_TABLE: &str = "_sqlx_migrations";
 
 /// Applies the embedded migrations that are not applied yet, on a connection
