@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{ACCEPT, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use http::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
 use http_body_util::{BodyExt as _, Full};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -238,13 +238,7 @@ impl Sender {
             ts,
             body.as_bytes(),
         );
-        let request = Request {
-            url: claimed.subscription.url.url(),
-            msg_id: &msg_id,
-            timestamp: ts,
-            signature,
-            body,
-        };
+        let request = Request::new(claimed.subscription.url.url(), &msg_id, ts, signature, body);
 
         // One deadline for the whole exchange. Headers must arrive before it;
         // the body is read until it, the size limit, or its end, whichever
@@ -256,7 +250,10 @@ impl Sender {
         let (result, snippet) = match checked {
             Err(_) => (AttemptResult::Error(ErrorClass::Timeout), None),
             Ok(Err(class)) => (AttemptResult::Error(class), None),
-            Ok(Ok(())) => self.exchange(request, started_at, deadline).await,
+            Ok(Ok(())) => match request {
+                Some(request) => self.exchange(request, started_at, deadline).await,
+                None => not_http(),
+            },
         };
         let (status, error_class) = match result {
             AttemptResult::Status { code, .. } => (Some(code), None),
@@ -276,48 +273,66 @@ impl Sender {
     }
 }
 
-/// One attempt's request, before it is put in the client's form.
+/// One attempt's request, before it is put in the client's form: both
+/// clients send these headers (reqwest adds none of its own where one is
+/// set).
 struct Request<'a> {
     url: &'a url::Url,
-    msg_id: &'a str,
-    timestamp: i64,
-    signature: String,
+    headers: HeaderMap,
     body: String,
 }
 
-impl Request<'_> {
-    /// As an `http` request for the direct client. `None` if the URL or a
-    /// header value cannot be one (never for a URL hookd accepted and the
-    /// ASCII values it signs).
+impl<'a> Request<'a> {
+    /// `None` if a value cannot be a header (never for the ASCII id,
+    /// timestamp and signature hookd makes).
+    fn new(
+        url: &'a url::Url,
+        msg_id: &str,
+        timestamp: i64,
+        signature: String,
+        body: String,
+    ) -> Option<Self> {
+        let id = HeaderValue::from_str(msg_id).ok()?;
+        let mut headers = HeaderMap::with_capacity(7);
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(ACCEPT, HeaderValue::from_static("*/*"));
+        headers.insert(
+            http::header::USER_AGENT,
+            HeaderValue::from_static(USER_AGENT),
+        );
+        headers.insert("webhook-id", id.clone());
+        headers.insert("webhook-timestamp", HeaderValue::from(timestamp));
+        headers.insert("webhook-signature", HeaderValue::try_from(signature).ok()?);
+        headers.insert("idempotency-key", id);
+        Some(Self { url, headers, body })
+    }
+
+    /// As an `http` request for the direct client. `None` if the URL cannot
+    /// be a request target (never for a URL hookd accepted).
     fn into_http(self) -> Option<http::Request<Full<Bytes>>> {
         // Everything but the fragment, which is never sent.
         let uri = http::Uri::try_from(&self.url[..url::Position::AfterQuery]).ok()?;
-        http::Request::post(uri)
-            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
-            .header(ACCEPT, HeaderValue::from_static("*/*"))
-            .header(
-                http::header::USER_AGENT,
-                HeaderValue::from_static(USER_AGENT),
-            )
-            .header("webhook-id", self.msg_id)
-            .header("webhook-timestamp", self.timestamp)
-            .header("webhook-signature", self.signature)
-            .header("idempotency-key", self.msg_id)
-            .body(Full::new(Bytes::from(self.body)))
-            .ok()
+        let mut request = http::Request::new(Full::new(Bytes::from(self.body)));
+        *request.method_mut() = http::Method::POST;
+        *request.uri_mut() = uri;
+        *request.headers_mut() = self.headers;
+        Some(request)
     }
 
     /// As a reqwest request, for the proxy's client.
     fn into_reqwest(self, client: &reqwest::Client) -> reqwest::RequestBuilder {
         client
             .post(self.url.clone())
-            .header(CONTENT_TYPE, "application/json")
-            .header("webhook-id", self.msg_id)
-            .header("webhook-timestamp", self.timestamp)
-            .header("webhook-signature", self.signature)
-            .header("idempotency-key", self.msg_id)
+            .headers(self.headers)
             .body(self.body)
     }
+}
+
+/// The result of an attempt that could not be put into HTTP: nothing was
+/// sent.
+fn not_http() -> (AttemptResult, Option<String>) {
+    tracing::warn!("attempt not sent: its URL or a header is not valid HTTP");
+    (AttemptResult::Error(ErrorClass::Other), None)
 }
 
 impl Sender {
@@ -331,8 +346,7 @@ impl Sender {
         let response = match &self.client {
             Client::Direct(client) => {
                 let Some(request) = request.into_http() else {
-                    tracing::warn!("attempt not sent: its URL or a header is not valid HTTP");
-                    return (AttemptResult::Error(ErrorClass::Other), None);
+                    return not_http();
                 };
                 match tokio::time::timeout_at(deadline, client.request(request)).await {
                     Err(_) => return (AttemptResult::Error(ErrorClass::Timeout), None),
