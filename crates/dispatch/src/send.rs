@@ -116,59 +116,14 @@ impl Sender {
             // The proxy resolves the target; this client resolves only the
             // proxy's own name, which the policy must not judge (a proxy
             // is typically private). The target is checked in `send`.
-            Some(proxy) => {
-                let proxy = reqwest::Proxy::all(proxy.as_str()).map_err(SenderError::Proxy)?;
-                Client::Proxied(
-                    reqwest::Client::builder()
-                        .redirect(reqwest::redirect::Policy::none())
-                        .user_agent(USER_AGENT)
-                        .connect_timeout(timeout)
-                        .pool_idle_timeout(Duration::from_secs(60))
-                        .pool_max_idle_per_host(max_idle_per_host)
-                        .tcp_nodelay(true)
-                        .proxy(proxy)
-                        .build()
-                        .map_err(SenderError::Proxy)?,
-                )
-            }
+            Some(proxy) => Client::Proxied(proxied_client(proxy, timeout, max_idle_per_host)?),
             // No proxy variables (HTTP(S)_PROXY, ALL_PROXY) are read here:
             // egress goes where the operator configured it.
-            None => {
-                let mut http = HttpConnector::new_with_resolver(CheckedResolver::new(
-                    egress.resolver.clone(),
-                    egress.policy,
-                ));
-                http.enforce_http(false);
-                http.set_nodelay(true);
-                http.set_connect_timeout(Some(timeout));
-                // reqwest's defaults, which attempts had before: a pooled
-                // connection to a peer that vanished is found out by TCP
-                // keepalive, and unacknowledged data gives up after 30 s.
-                http.set_keepalive(Some(Duration::from_secs(15)));
-                http.set_keepalive_interval(Some(Duration::from_secs(15)));
-                http.set_keepalive_retries(Some(3));
-                #[cfg(target_os = "linux")]
-                http.set_tcp_user_timeout(Some(Duration::from_secs(30)));
-                let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-                let tls = rustls::ClientConfig::builder_with_provider(provider)
-                    .with_safe_default_protocol_versions()
-                    .map_err(SenderError::Tls)?;
-                let tls = rustls_platform_verifier::BuilderVerifierExt::with_platform_verifier(tls)
-                    .map_err(SenderError::Tls)?
-                    .with_no_client_auth();
-                let https = hyper_rustls::HttpsConnectorBuilder::new()
-                    .with_tls_config(tls)
-                    .https_or_http()
-                    .enable_all_versions()
-                    .wrap_connector(http);
-                Client::Direct(Box::new(
-                    hyper_util::client::legacy::Client::builder(TokioExecutor::new())
-                        .pool_idle_timeout(Duration::from_secs(60))
-                        .pool_max_idle_per_host(max_idle_per_host)
-                        .pool_timer(TokioTimer::new())
-                        .build(https),
-                ))
-            }
+            None => Client::Direct(Box::new(direct_client(
+                &egress,
+                timeout,
+                max_idle_per_host,
+            )?)),
         };
         Ok(Self {
             client,
@@ -273,6 +228,70 @@ impl Sender {
     }
 }
 
+/// How long a pooled connection may stay idle before it is closed.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The client of attempts without a proxy: every host name resolved and
+/// checked by [`CheckedResolver`], TLS by rustls with the platform's roots.
+fn direct_client(
+    egress: &Egress,
+    timeout: Duration,
+    max_idle_per_host: usize,
+) -> Result<DirectClient, SenderError> {
+    let mut http = HttpConnector::new_with_resolver(CheckedResolver::new(
+        egress.resolver.clone(),
+        egress.policy,
+    ));
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(timeout));
+    // reqwest's defaults, which attempts had before: a pooled connection to
+    // a peer that vanished is found out by TCP keepalive, and
+    // unacknowledged data gives up after 30 s.
+    http.set_keepalive(Some(Duration::from_secs(15)));
+    http.set_keepalive_interval(Some(Duration::from_secs(15)));
+    http.set_keepalive_retries(Some(3));
+    #[cfg(target_os = "linux")]
+    http.set_tcp_user_timeout(Some(Duration::from_secs(30)));
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(SenderError::Tls)?;
+    let tls = rustls_platform_verifier::BuilderVerifierExt::with_platform_verifier(tls)
+        .map_err(SenderError::Tls)?
+        .with_no_client_auth();
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_all_versions()
+        .wrap_connector(http);
+    Ok(
+        hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .pool_max_idle_per_host(max_idle_per_host)
+            .pool_timer(TokioTimer::new())
+            .build(https),
+    )
+}
+
+/// The client of attempts through the operator's proxy. Its headers are the
+/// request's own ([`Request`]), user agent included.
+fn proxied_client(
+    proxy: &str,
+    timeout: Duration,
+    max_idle_per_host: usize,
+) -> Result<reqwest::Client, SenderError> {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .connect_timeout(timeout)
+        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+        .pool_max_idle_per_host(max_idle_per_host)
+        .tcp_nodelay(true)
+        .proxy(reqwest::Proxy::all(proxy).map_err(SenderError::Proxy)?)
+        .build()
+        .map_err(SenderError::Proxy)
+}
+
 /// One attempt's request, before it is put in the client's form: both
 /// clients send these headers (reqwest adds none of its own where one is
 /// set).
@@ -358,9 +377,6 @@ impl Sender {
                 let request = request.into_reqwest(client);
                 match tokio::time::timeout_at(deadline, request.send()).await {
                     Err(_) => return (AttemptResult::Error(ErrorClass::Timeout), None),
-                    Ok(Err(e)) if e.is_timeout() => {
-                        return (AttemptResult::Error(ErrorClass::Timeout), None);
-                    }
                     Ok(Err(e)) => return failed(&e, e.is_connect()),
                     Ok(Ok(response)) => {
                         http::Response::from(response).map(http_body_util::Either::Right)
@@ -465,9 +481,13 @@ fn parse_retry_after(v: &str, now: Timestamp) -> Option<Duration> {
 /// The class of an error that ended an attempt before any answer: `connect`
 /// says whether it happened while connecting (the client's own flag).
 fn classify_error(e: &(dyn std::error::Error + 'static), connect: bool) -> ErrorClass {
+    // The connect timeout: an `io::Error` from hyper-util's connector,
+    // reqwest's own error from the proxy's client.
     if in_chain(e, |s| {
         s.downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+            || s.downcast_ref::<reqwest::Error>()
+                .is_some_and(reqwest::Error::is_timeout)
     }) {
         return ErrorClass::Timeout;
     }
@@ -902,6 +922,12 @@ mod egress_tests {
             head.starts_with("POST http://public.test/hook HTTP/1.1"),
             "{head}"
         );
+        // The request's own headers, user agent included, not reqwest's.
+        assert!(
+            head.contains(&format!("user-agent: {USER_AGENT}")),
+            "{head}"
+        );
+        assert!(head.contains("webhook-signature: v1,"), "{head}");
         assert_eq!(resolver.lookups(), 1, "the target was checked");
     }
 }
