@@ -35,6 +35,21 @@
 //! running a second dispatcher with admission caps of its own. Stores within
 //! one process share the lock (see `process_lock`).
 //!
+//! # How SQLite is compiled
+//! sqlx links the SQLite that `libsqlite3-sys` bundles, and the workspace's
+//! `.cargo/config.toml` sets `LIBSQLITE3_FLAGS` for its build:
+//! - `-USQLITE_ENABLE_MEMORY_MANAGEMENT`: with it (`libsqlite3-sys`'s
+//!   default) every connection's page cache is one group shared by all of
+//!   them, and every page fetched or released takes that group's lock;
+//! - `-DSQLITE_DEFAULT_MEMSTATUS=0`: with memory statistics on (SQLite's
+//!   default) every allocation and free takes one global lock.
+//!
+//! Both locks were about a tenth of the writer thread's samples in the
+//! `fanout` benchmark (docs/benchmarks.md, session 20); nothing here uses
+//! `sqlite3_release_memory`, soft heap limits or memory statistics. A test
+//! (`the_bundled_sqlite_takes_no_global_lock_per_page_or_allocation`)
+//! checks that the flags reached the build.
+//!
 //! # Layout
 //! - `subscriptions`, `ingest`, `fanout` (lazy fan-out jobs), `dispatch`,
 //!   `reading`, `jobs` (bulk replay),

@@ -376,3 +376,27 @@ async fn the_wal_is_checkpointed_into_the_file_while_the_store_is_open() {
     }
     store.close().await;
 }
+
+/// The bundled SQLite is built as `.cargo/config.toml` asks (see "How SQLite
+/// is compiled" in the crate's docs): without memory management, whose
+/// page cache is one group shared by every connection under one lock, and
+/// without memory statistics, which take a global lock on every
+/// allocation. Both locks were a tenth of the writer thread's samples in
+/// `fanout`; a build that missed the flags would bring them back silently.
+#[tokio::test]
+async fn the_bundled_sqlite_takes_no_global_lock_per_page_or_allocation() {
+    use sqlx::{Connection, SqliteConnection};
+    let mut conn = SqliteConnection::connect("sqlite::memory:").await.unwrap();
+    let options: Vec<String> = sqlx::query_scalar("PRAGMA compile_options")
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        !options.iter().any(|o| o == "ENABLE_MEMORY_MANAGEMENT"),
+        "{options:?}"
+    );
+    assert!(
+        options.iter().any(|o| o == "DEFAULT_MEMSTATUS=0"),
+        "{options:?}"
+    );
+}
