@@ -78,15 +78,44 @@ macro_rules! event_columns {
 }
 pub(crate) use event_columns;
 
-/// The columns [`delivery`] reads, from `deliveries d`.
+/// The columns [`delivery`] reads, from `deliveries d`; with `("")`, from
+/// the row an `UPDATE deliveries … RETURNING` wrote (RETURNING takes no
+/// table alias).
 macro_rules! delivery_columns {
     () => {
-        "d.delivery_id AS d_delivery_id, d.event_id AS d_event_id, d.sub_id AS d_sub_id, \
-         d.event_type AS d_event_type, d.destination_host AS d_destination_host, \
-         d.state AS d_state, d.attempt AS d_attempt, d.next_attempt_at AS d_next_attempt_at, \
-         d.lease_token AS d_lease_token, d.last_status AS d_last_status, \
-         d.last_error AS d_last_error, d.created_at AS d_created_at, \
-         d.window_start AS d_window_start, d.updated_at AS d_updated_at"
+        $crate::codec::delivery_columns!("d.")
+    };
+    ($t:literal) => {
+        concat!(
+            $t,
+            "delivery_id AS d_delivery_id, ",
+            $t,
+            "event_id AS d_event_id, ",
+            $t,
+            "sub_id AS d_sub_id, ",
+            $t,
+            "event_type AS d_event_type, ",
+            $t,
+            "destination_host AS d_destination_host, ",
+            $t,
+            "state AS d_state, ",
+            $t,
+            "attempt AS d_attempt, ",
+            $t,
+            "next_attempt_at AS d_next_attempt_at, ",
+            $t,
+            "lease_token AS d_lease_token, ",
+            $t,
+            "last_status AS d_last_status, ",
+            $t,
+            "last_error AS d_last_error, ",
+            $t,
+            "created_at AS d_created_at, ",
+            $t,
+            "window_start AS d_window_start, ",
+            $t,
+            "updated_at AS d_updated_at"
+        )
     };
 }
 pub(crate) use delivery_columns;
@@ -103,7 +132,7 @@ pub(crate) use attempt_columns;
 
 // --- rows --------------------------------------------------------------------
 
-fn get<'r, T>(row: &'r SqliteRow, column: &str) -> Result<T>
+pub(crate) fn get<'r, T>(row: &'r SqliteRow, column: &str) -> Result<T>
 where
     T: sqlx::Decode<'r, sqlx::Sqlite> + sqlx::Type<sqlx::Sqlite>,
 {

@@ -11,6 +11,7 @@ use hookd_store::{
     DueSubscription, Lease, MAX_SNIPPET_BYTES, NextState, RecordOutcome, Result, StoreError,
     StreakChange,
 };
+use sqlx::sqlite::SqliteRow;
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 use uuid::Uuid;
 
@@ -140,8 +141,8 @@ macro_rules! claim_sql {
             claimable!("?3"),
             " ORDER BY ",
             $order,
-            " LIMIT ?5) \
-             RETURNING delivery_id"
+            " LIMIT ?5) RETURNING ",
+            delivery_columns!("")
         )
     };
 }
@@ -169,7 +170,10 @@ pub(crate) async fn claim_many(
     // can run between choosing rows and marking them inflight.
     let mut tx = store.write().await?;
     let now = now_ms();
+    // Per request, the ids it claimed; and every claimed row, as its UPDATE
+    // returned it (after the change: inflight, the new lease token).
     let mut ids: Vec<Vec<Uuid>> = vec![Vec::new(); reqs.len()];
+    let mut rows: Vec<SqliteRow> = Vec::new();
     // Requests of one subscription each go together, one statement for up
     // to PICKS_PER_STATEMENT of them, as long as no two share a (host,
     // subscription): their rows cannot overlap, so one statement gives each
@@ -207,7 +211,12 @@ pub(crate) async fn claim_many(
                     round.push(i)
                 }
                 None if round.is_empty() && later.is_empty() => {
-                    ids[i] = pick(&mut tx, req, now).await?;
+                    let got = pick(&mut tx, req, now).await?;
+                    ids[i] = got
+                        .iter()
+                        .map(|row| codec::get(row, "d_delivery_id"))
+                        .collect::<Result<_>>()?;
+                    rows.extend(got);
                 }
                 _ => {
                     blocked.insert(host);
@@ -216,26 +225,18 @@ pub(crate) async fn claim_many(
             }
         }
         if !round.is_empty() {
-            let picked = pick_each(&mut tx, reqs, &round, now).await?;
-            for (i, got) in round.into_iter().zip(picked) {
-                ids[i] = got;
+            let (picked, got) = pick_each(&mut tx, reqs, &round, now).await?;
+            for (i, picked) in round.into_iter().zip(picked) {
+                ids[i] = picked;
             }
+            rows.extend(got);
         }
         left = later;
     }
 
-    // RETURNING cannot join, so load the claimed rows (one query per
-    // IDS_PER_QUERY ids: one, for any sane pass) while the write lock is
-    // held; their events and subscriptions come after the commit.
-    let all: Vec<Uuid> = ids.iter().flatten().copied().collect();
-    let select = concat!(
-        "SELECT ",
-        delivery_columns!(),
-        " FROM deliveries d WHERE d.delivery_id IN ("
-    );
-    let rows = read_in(&mut tx, select, &all).await?;
-    // Decoded after the commit: the write lock is not held while the async
-    // side works through the rows. A row that fails to decode fails the
+    // The rows are decoded, and their events and subscriptions read, after
+    // the commit: the write lock is not held while the async side works
+    // through them. A row that fails to decode fails the
     // call; its delivery stays leased until the lease expires, as after any
     // claim whose worker went away.
     tx.commit().await.map_err(from_sqlx)?;
@@ -322,15 +323,16 @@ const PICKS_PER_STATEMENT: usize = 100;
 /// Picks and marks the rows of several requests, each for its own (host,
 /// subscription) pair, in ONE statement (one round trip under the write
 /// lock, not one per request); returns each request's ids, in `which`'s
-/// order. Each term is the request's own pick, exactly as [`pick`] makes
-/// it; all terms read the rows before any is marked, and their rows cannot
-/// overlap, since every term has its own pair.
+/// order, and every row claimed, as the UPDATE returned it. Each term is
+/// the request's own pick, exactly as [`pick`] makes it; all terms read the
+/// rows before any is marked, and their rows cannot overlap, since every
+/// term has its own pair.
 async fn pick_each(
     conn: &mut SqliteConnection,
     reqs: &[ClaimRequest],
     which: &[usize],
     now: i64,
-) -> Result<Vec<Vec<Uuid>>> {
+) -> Result<(Vec<Vec<Uuid>>, Vec<SqliteRow>)> {
     let lease = reqs[which[0]].lease;
     let worker = &reqs[which[0]].worker_id;
     // ?1 lease expiry, ?2 worker, ?3 now; then host, limit, subscription
@@ -356,10 +358,10 @@ async fn pick_each(
             claimable!("?3"),
         ));
     }
-    sql.push_str(") RETURNING delivery_id, destination_host, sub_id");
+    sql.push_str(concat!(") RETURNING ", delivery_columns!("")));
     // Safe to run as built: it holds only this function's fixed fragments
     // and parameter numbers; every value is bound.
-    let mut q = sqlx::query_as::<_, (Uuid, String, Uuid)>(sqlx::AssertSqlSafe(sql))
+    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
         .persistent(keep_prepared(which.len(), PICKS_PER_STATEMENT))
         .bind(after(now, lease))
         .bind(worker)
@@ -382,17 +384,19 @@ async fn pick_each(
         })
         .collect();
     let mut out = vec![Vec::new(); which.len()];
-    for (id, host, sub) in rows {
+    for row in &rows {
+        let host: String = codec::get(row, "d_destination_host")?;
+        let sub: Uuid = codec::get(row, "d_sub_id")?;
         if let Some(&t) = slot.get(&(host.as_str(), sub)) {
-            out[t].push(id);
+            out[t].push(codec::get(row, "d_delivery_id")?);
         }
     }
-    Ok(out)
+    Ok((out, rows))
 }
 
 /// Picks and marks one request's rows inside the caller's write
-/// transaction; returns their ids.
-async fn pick(conn: &mut SqliteConnection, req: &ClaimRequest, now: i64) -> Result<Vec<Uuid>> {
+/// transaction; returns them, as the UPDATE left them.
+async fn pick(conn: &mut SqliteConnection, req: &ClaimRequest, now: i64) -> Result<Vec<SqliteRow>> {
     // Four fixed statements rather than one with `?sub IS NULL OR …`, so the
     // planner sees the subscription filter when there is one and can use
     // `deliveries_due_sub` for it. A claim by host alone (the trait allows
@@ -417,7 +421,7 @@ async fn pick(conn: &mut SqliteConnection, req: &ClaimRequest, now: i64) -> Resu
     // The subquery is evaluated before any row is updated, so within one
     // request an ordered subscription's head makes the rows behind it wait
     // (they see it `pending`): at most one delivery per ordered subscription.
-    let mut pick = sqlx::query_scalar(sql)
+    let mut pick = sqlx::query(sql)
         .bind(after(now, req.lease))
         .bind(&req.worker_id)
         .bind(now)
@@ -528,8 +532,11 @@ pub(crate) async fn record_attempt(
 }
 
 /// Records per statement of [`record_attempts`]: the attempts INSERT binds
-/// 8 values a row, the deliveries UPDATE 7, far below SQLite's limit.
-const RECORDS_PER_STATEMENT: usize = 500;
+/// 8 values a row, the deliveries UPDATE 7, 8,192 at most, below SQLite's
+/// limit (32,766). As many as the dispatcher's recorder batches (1,024), so
+/// its batch is one statement of each kind: every statement is a round trip
+/// to the writer's thread while the write lock is held.
+const RECORDS_PER_STATEMENT: usize = 1024;
 
 pub(crate) async fn record_attempts(
     store: &SqliteStore,
