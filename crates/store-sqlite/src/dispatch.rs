@@ -236,9 +236,9 @@ pub(crate) async fn claim_many(
 
     // The rows are decoded, and their events and subscriptions read, after
     // the commit: the write lock is not held while the async side works
-    // through them. A row that fails to decode fails the
-    // call; its delivery stays leased until the lease expires, as after any
-    // claim whose worker went away.
+    // through them. A row that fails to decode fails the call; its delivery
+    // stays leased until the lease expires, as after any claim whose worker
+    // went away.
     tx.commit().await.map_err(from_sqlx)?;
     let claimed = rows
         .iter()
