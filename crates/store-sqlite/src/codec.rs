@@ -132,7 +132,7 @@ pub(crate) use attempt_columns;
 
 // --- rows --------------------------------------------------------------------
 
-pub(crate) fn get<'r, T>(row: &'r SqliteRow, column: &str) -> Result<T>
+fn get<'r, T>(row: &'r SqliteRow, column: &str) -> Result<T>
 where
     T: sqlx::Decode<'r, sqlx::Sqlite> + sqlx::Type<sqlx::Sqlite>,
 {

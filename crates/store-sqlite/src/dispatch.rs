@@ -170,10 +170,10 @@ pub(crate) async fn claim_many(
     // can run between choosing rows and marking them inflight.
     let mut tx = store.write().await?;
     let now = now_ms();
-    // Per request, the ids it claimed; and every claimed row, as its UPDATE
-    // returned it (after the change: inflight, the new lease token).
-    let mut ids: Vec<Vec<Uuid>> = vec![Vec::new(); reqs.len()];
-    let mut rows: Vec<SqliteRow> = Vec::new();
+    // Per statement: the requests it served, and the rows it claimed as its
+    // UPDATE returned them (inflight, with the new lease token). Which row
+    // is whose is worked out after the commit.
+    let mut picked: Vec<(Vec<usize>, Vec<SqliteRow>)> = Vec::new();
     // Requests of one subscription each go together, one statement for up
     // to PICKS_PER_STATEMENT of them, as long as no two share a (host,
     // subscription): their rows cannot overlap, so one statement gives each
@@ -211,12 +211,7 @@ pub(crate) async fn claim_many(
                     round.push(i)
                 }
                 None if round.is_empty() && later.is_empty() => {
-                    let got = pick(&mut tx, req, now).await?;
-                    ids[i] = got
-                        .iter()
-                        .map(|row| codec::get(row, "d_delivery_id"))
-                        .collect::<Result<_>>()?;
-                    rows.extend(got);
+                    picked.push((vec![i], pick(&mut tx, req, now).await?));
                 }
                 _ => {
                     blocked.insert(host);
@@ -225,11 +220,8 @@ pub(crate) async fn claim_many(
             }
         }
         if !round.is_empty() {
-            let (picked, got) = pick_each(&mut tx, reqs, &round, now).await?;
-            for (i, picked) in round.into_iter().zip(picked) {
-                ids[i] = picked;
-            }
-            rows.extend(got);
+            let rows = pick_each(&mut tx, reqs, &round, now).await?;
+            picked.push((round, rows));
         }
         left = later;
     }
@@ -240,15 +232,39 @@ pub(crate) async fn claim_many(
     // stays leased until the lease expires, as after any claim whose worker
     // went away.
     tx.commit().await.map_err(from_sqlx)?;
-    let claimed = rows
-        .iter()
-        .map(codec::delivery)
-        .collect::<Result<Vec<_>>>()?;
+    // Each row to the request of its statement that names its (host,
+    // subscription): a statement's requests each have their own pair.
+    let mut claimed: Vec<(usize, Delivery, i64)> = Vec::new();
+    for (round, rows) in &picked {
+        let slot: std::collections::HashMap<(&str, Uuid), usize> = round
+            .iter()
+            .filter_map(|&i| {
+                let req = &reqs[i];
+                req.subscription
+                    .map(|sub| ((req.destination.as_str(), *sub.as_uuid()), i))
+            })
+            .collect();
+        for row in rows {
+            let (delivery, token) = codec::delivery(row)?;
+            let whose = match round[..] {
+                [only] => Some(only),
+                _ => slot
+                    .get(&(
+                        delivery.destination_host.as_str(),
+                        *delivery.sub_id.as_uuid(),
+                    ))
+                    .copied(),
+            };
+            if let Some(i) = whose {
+                claimed.push((i, delivery, token));
+            }
+        }
+    }
     // Each event and subscription read once ([`ClaimParts`]), on a reader:
     // the one writer is what every claim, record and ingest waits for. The
     // rows' foreign keys keep both from being removed; a subscription is
     // "as it is now" either way.
-    let (event_ids, sub_ids) = ClaimParts::ids(claimed.iter().map(|(d, _)| d));
+    let (event_ids, sub_ids) = ClaimParts::ids(claimed.iter().map(|(_, d, _)| d));
     let mut parts = ClaimParts::default();
     if !claimed.is_empty() {
         let mut conn = store.reader.acquire().await.map_err(from_sqlx)?;
@@ -273,22 +289,16 @@ pub(crate) async fn claim_many(
             parts.subscriptions.insert(s.id, s);
         }
     }
-    let mut loaded: std::collections::HashMap<Uuid, ClaimedDelivery> =
-        std::collections::HashMap::with_capacity(claimed.len());
-    for (delivery, token) in claimed {
-        let id = *delivery.id.as_uuid();
-        loaded.insert(id, parts.claimed(delivery, token, None)?);
+    let mut out: Vec<Vec<ClaimedDelivery>> = vec![Vec::new(); reqs.len()];
+    for (i, delivery, token) in claimed {
+        out[i].push(parts.claimed(delivery, token, None)?);
     }
-    let mut out = Vec::with_capacity(reqs.len());
-    for (req, ids) in reqs.iter().zip(ids) {
-        let mut claimed: Vec<ClaimedDelivery> =
-            ids.iter().filter_map(|id| loaded.remove(id)).collect();
+    for (req, claimed) in reqs.iter().zip(&mut out) {
         // In the order asked for, as the contract promises.
         claimed.sort_by_key(|c| (c.delivery.next_attempt_at, c.delivery.id));
         if req.order == ClaimOrder::NewestFirst {
             claimed.reverse();
         }
-        out.push(claimed);
     }
     Ok(out)
 }
@@ -322,17 +332,16 @@ const PICKS_PER_STATEMENT: usize = 100;
 
 /// Picks and marks the rows of several requests, each for its own (host,
 /// subscription) pair, in ONE statement (one round trip under the write
-/// lock, not one per request); returns each request's ids, in `which`'s
-/// order, and every row claimed, as the UPDATE returned it. Each term is
-/// the request's own pick, exactly as [`pick`] makes it; all terms read the
-/// rows before any is marked, and their rows cannot overlap, since every
-/// term has its own pair.
+/// lock, not one per request); returns every row claimed, as the UPDATE
+/// returned it. Each term is the request's own pick, exactly as [`pick`]
+/// makes it; all terms read the rows before any is marked, and their rows
+/// cannot overlap, since every term has its own pair.
 async fn pick_each(
     conn: &mut SqliteConnection,
     reqs: &[ClaimRequest],
     which: &[usize],
     now: i64,
-) -> Result<(Vec<Vec<Uuid>>, Vec<SqliteRow>)> {
+) -> Result<Vec<SqliteRow>> {
     let lease = reqs[which[0]].lease;
     let worker = &reqs[which[0]].worker_id;
     // ?1 lease expiry, ?2 worker, ?3 now; then host, limit, subscription
@@ -373,25 +382,7 @@ async fn pick_each(
             .bind(i64::from(req.limit))
             .bind(req.subscription.map(|s| *s.as_uuid()));
     }
-    let rows = q.fetch_all(&mut *conn).await.map_err(from_sqlx)?;
-    let slot: std::collections::HashMap<(&str, Uuid), usize> = which
-        .iter()
-        .enumerate()
-        .filter_map(|(t, &i)| {
-            let req = &reqs[i];
-            req.subscription
-                .map(|sub| ((req.destination.as_str(), *sub.as_uuid()), t))
-        })
-        .collect();
-    let mut out = vec![Vec::new(); which.len()];
-    for row in &rows {
-        let host: String = codec::get(row, "d_destination_host")?;
-        let sub: Uuid = codec::get(row, "d_sub_id")?;
-        if let Some(&t) = slot.get(&(host.as_str(), sub)) {
-            out[t].push(codec::get(row, "d_delivery_id")?);
-        }
-    }
-    Ok((out, rows))
+    q.fetch_all(&mut *conn).await.map_err(from_sqlx)
 }
 
 /// Picks and marks one request's rows inside the caller's write
