@@ -80,41 +80,20 @@ pub(crate) use event_columns;
 
 /// The columns [`delivery`] reads, from `deliveries d`; with `("")`, from
 /// the row an `UPDATE deliveries … RETURNING` wrote (RETURNING takes no
-/// table alias).
+/// table alias). Each column is read as `d_` and its name.
 macro_rules! delivery_columns {
     () => {
         $crate::codec::delivery_columns!("d.")
     };
     ($t:literal) => {
+        $crate::codec::delivery_columns!(@ $t; delivery_id, event_id, sub_id, event_type,
+            destination_host, state, attempt, next_attempt_at, lease_token, last_status,
+            last_error, created_at, window_start, updated_at)
+    };
+    (@ $t:literal; $first:ident $(, $c:ident)*) => {
         concat!(
-            $t,
-            "delivery_id AS d_delivery_id, ",
-            $t,
-            "event_id AS d_event_id, ",
-            $t,
-            "sub_id AS d_sub_id, ",
-            $t,
-            "event_type AS d_event_type, ",
-            $t,
-            "destination_host AS d_destination_host, ",
-            $t,
-            "state AS d_state, ",
-            $t,
-            "attempt AS d_attempt, ",
-            $t,
-            "next_attempt_at AS d_next_attempt_at, ",
-            $t,
-            "lease_token AS d_lease_token, ",
-            $t,
-            "last_status AS d_last_status, ",
-            $t,
-            "last_error AS d_last_error, ",
-            $t,
-            "created_at AS d_created_at, ",
-            $t,
-            "window_start AS d_window_start, ",
-            $t,
-            "updated_at AS d_updated_at"
+            $t, stringify!($first), " AS d_", stringify!($first)
+            $(, ", ", $t, stringify!($c), " AS d_", stringify!($c))*
         )
     };
 }

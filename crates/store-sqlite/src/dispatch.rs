@@ -23,8 +23,8 @@ use crate::error::from_sqlx;
 use crate::subscriptions::DELETED;
 use crate::{SqliteStore, keep_prepared};
 
-/// Ids per `IN (…)` list, far below SQLite's limit on bound values; a claim
-/// batch fits in one statement.
+/// Ids per `IN (…)` list, far below SQLite's limit on bound values; a
+/// claim's events, or its subscriptions, fit in one statement.
 const IDS_PER_QUERY: usize = 1000;
 
 /// The condition, on a pending due row `d` joined to its subscription `s`,
