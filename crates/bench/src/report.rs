@@ -202,6 +202,32 @@ pub fn series_csv(names: &[&str], columns: &[Vec<u64>]) -> String {
     out
 }
 
+/// Event → delivery latency by the whole second after `t0_ns` its event
+/// was sent, as CSV: `second,deliveries,p50_ms,p99_ms,max_ms` (a tail shows
+/// up as the seconds it came from, to be set beside the server's logs).
+pub fn latency_by_second_csv(deliveries: &[&Delivery], t0_ns: u64) -> String {
+    let mut seconds: Vec<Latencies> = Vec::new();
+    for d in deliveries {
+        let s = (d.sent_ns.saturating_sub(t0_ns) / 1_000_000_000) as usize;
+        if seconds.len() <= s {
+            seconds.resize_with(s + 1, Latencies::new);
+        }
+        seconds[s].add(std::slice::from_ref(*d));
+    }
+    let mut out = String::from("second,deliveries,p50_ms,p99_ms,max_ms\n");
+    for (s, l) in seconds.iter().enumerate() {
+        let m = l.summary();
+        out.push_str(&format!(
+            "{s},{},{},{},{}\n",
+            l.0.len(),
+            m.p50,
+            m.p99,
+            m.max
+        ));
+    }
+    out
+}
+
 /// Rounds to 0.01 for display.
 pub fn round(v: f64) -> f64 {
     (v * 100.0).round() / 100.0
@@ -226,6 +252,23 @@ mod tests {
     fn a_series_becomes_csv_with_a_header() {
         let csv = series_csv(&["deliveries", "attempts"], &[vec![1, 2], vec![3, 4, 5]]);
         assert_eq!(csv, "second,deliveries,attempts\n0,1,3\n1,2,4\n2,0,5\n");
+    }
+
+    #[test]
+    fn latency_by_second_puts_each_delivery_in_its_events_second() {
+        let t0 = 10 * S;
+        let d = |sent: u64, ms: u64| Delivery {
+            sent_ns: t0 + sent,
+            arrival_ns: t0 + sent + ms * 1_000_000,
+        };
+        let all = [d(0, 2), d(S / 2, 4), d(2 * S + 1, 8)];
+        let csv = latency_by_second_csv(&all.iter().collect::<Vec<_>>(), t0);
+        let rows: Vec<&str> = csv.lines().collect();
+        assert_eq!(rows[0], "second,deliveries,p50_ms,p99_ms,max_ms");
+        assert_eq!(rows[1], "0,2,2,4,4");
+        assert_eq!(rows[2], "1,0,0,0,0");
+        assert_eq!(rows[3], "2,1,8,8,8");
+        assert_eq!(rows.len(), 4);
     }
 
     #[test]

@@ -25,8 +25,8 @@ use crate::cli::{Cli, Common, Load, Scenario};
 use crate::hookd::{Hookd, Usage, own_cpu_seconds};
 use crate::plot;
 use crate::poster::{Pace, Posted, Poster, Sink, rate};
-use crate::receiver::{Behaviour, Fleet, Seen, now_ns};
-use crate::report::{Latencies, Report, per_second, round, series_csv};
+use crate::receiver::{Behaviour, Delivery, Fleet, Seen, now_ns};
+use crate::report::{Latencies, Report, latency_by_second_csv, per_second, round, series_csv};
 
 /// What one run does.
 #[derive(Debug)]
@@ -396,6 +396,13 @@ fn plot_path(common: &Common, file: &str) -> Option<PathBuf> {
 async fn simple(common: &Common, plan: Plan) -> anyhow::Result<()> {
     let out = execute(common, plan).await?;
     out.report().emit(&common.out)?;
+    let all: Vec<&Delivery> = out.seen.iter().flat_map(|s| &s.deliveries).collect();
+    let csv = common.out.join(format!(
+        "{}-{}-latency-by-second.csv",
+        out.name, out.backend
+    ));
+    std::fs::write(&csv, latency_by_second_csv(&all, out.posted.first_ns))
+        .with_context(|| format!("writing {}", csv.display()))?;
     if let Some(p) = plot_path(common, &format!("{}-{}-latency.svg", out.name, out.backend)) {
         let curve = out.latencies(|_| true).curve();
         let title = format!("{} ({}): event → delivery latency", out.name, out.backend);
