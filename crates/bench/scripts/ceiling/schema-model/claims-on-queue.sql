@@ -6,16 +6,7 @@ ALTER TABLE deliveries DISABLE TRIGGER deliveries_references;
 ALTER TABLE delivery_queue ADD COLUMN IF NOT EXISTS lease_token bigint NOT NULL DEFAULT 0, ADD COLUMN IF NOT EXISTS worker_id text;
 TRUNCATE deliveries, delivery_queue, attempts;
 CHECKPOINT;
-\echo phase ingest
-DO $$ BEGIN FOR b IN 0..399 LOOP
- INSERT INTO deliveries (delivery_id, event_id, sub_id, event_type, destination_host, retain_from)
- SELECT ('00000000-0000-7000-8000-' || lpad(to_hex(b*500+i),12,'0'))::uuid,
-        ('00000000-0000-7000-9000-' || lpad(to_hex(b*5+i/100),12,'0'))::uuid,
-        ('00000000-0000-7000-a000-' || lpad(to_hex(i%100),12,'0'))::uuid,
-        'order.created', '127.0.0.' || (i%100), '2026-12-07 12:00+00'
- FROM generate_series(0,499) i;
-COMMIT;
-END LOOP; END $$;
+\ir ingest-wide.sql
 ANALYZE deliveries; ANALYZE delivery_queue;
 \echo phase claim
 DO $$ BEGIN FOR s IN 0..99 LOOP FOR k IN 1..4 LOOP

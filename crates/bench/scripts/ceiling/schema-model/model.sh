@@ -7,7 +7,9 @@
 # the same change saves in `hookd-bench fanout`, where commits, round trips
 # and the HTTP side share the machine (docs/benchmarks.md, session 30).
 #
-#   model.sh [RUNS=2]      (HOOKD = the hookd binary, default target/release/hookd)
+#   model.sh [RUNS=2]      (HOOKD = the hookd binary, default target/release/hookd;
+#                           it must be a build of the code modelled: its migrations
+#                           make the schema, triggers and all)
 set -euo pipefail
 here=$(dirname "$0")
 runs=${1:-2}
