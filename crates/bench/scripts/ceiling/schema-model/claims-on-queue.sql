@@ -1,13 +1,8 @@
 -- As current.sql, but the claim writes only the queue row (which gains
 -- the lease token and worker) and the record fences on it: the claim no
 -- longer writes the wide row. Tried in hookd in session 30 and not kept.
-\timing on
-ALTER TABLE deliveries DISABLE TRIGGER deliveries_references;
 ALTER TABLE delivery_queue ADD COLUMN IF NOT EXISTS lease_token bigint NOT NULL DEFAULT 0, ADD COLUMN IF NOT EXISTS worker_id text;
-TRUNCATE deliveries, delivery_queue, attempts;
-CHECKPOINT;
 \ir ingest-wide.sql
-ANALYZE deliveries; ANALYZE delivery_queue;
 \echo phase claim
 DO $$ BEGIN FOR s IN 0..99 LOOP FOR k IN 1..4 LOOP
  WITH due AS (SELECT d.sub_id, d.delivery_id, d.retain_from FROM delivery_queue d

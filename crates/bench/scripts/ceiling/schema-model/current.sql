@@ -5,12 +5,7 @@
 -- inserted (its trigger inserts the queue row), the claim updates the wide
 -- row (its trigger updates the queue row), and the record updates the wide
 -- row (its trigger deletes the queue row) and inserts the attempt.
-\timing on
-ALTER TABLE deliveries DISABLE TRIGGER deliveries_references;
-TRUNCATE deliveries, delivery_queue, attempts;
-CHECKPOINT;
 \ir ingest-wide.sql
-ANALYZE deliveries; ANALYZE delivery_queue;
 \echo phase claim
 DO $$ BEGIN FOR s IN 0..99 LOOP FOR k IN 1..4 LOOP
  WITH due AS (SELECT d.delivery_id, d.retain_from FROM delivery_queue d

@@ -18,8 +18,8 @@ base=${PG_BASE:-postgres://postgres@127.0.0.1:5432}
 db=hookd_schema_model_$$
 psql -q "$base/test" -c "CREATE DATABASE $db" >/dev/null
 trap 'psql -q "$base/test" -c "DROP DATABASE IF EXISTS $db" >/dev/null' EXIT
-HOOKD_ENCRYPTION_KEY=$("$hookd" keys generate 2>/dev/null | tail -1) \
-    "$hookd" migrate --database "$base/$db" >/dev/null 2>&1
+HOOKD_LOG=warn HOOKD_ENCRYPTION_KEY=$("$hookd" keys generate 2>/dev/null | tail -1) \
+    "$hookd" migrate --database "$base/$db" >/dev/null
 for model in current claims-on-queue two-write; do
     for _ in $(seq "$runs"); do
         psql -q "$base/$db" -f "$here/$model.sql" 2>&1 | awk -v m="$model" '
