@@ -188,6 +188,21 @@ pub fn per_second(times_ns: &[u64], t0_ns: u64, seconds: usize) -> Vec<u64> {
     buckets
 }
 
+/// The deliveries that arrived after `from_ns` and their rate from
+/// `from_ns` to the last of them: with `from_ns` the last acceptance, how
+/// fast hookd drains once ingest no longer shares the machine. `None`
+/// when fewer than a tenth of `arrivals` came after `from_ns` (a
+/// fixed-rate load's short tail), where a rate would mean nothing.
+pub fn rate_after(arrivals: &[u64], from_ns: u64) -> Option<(u64, f64)> {
+    let after: Vec<u64> = arrivals.iter().copied().filter(|&t| t > from_ns).collect();
+    if after.is_empty() || (after.len() as u64) * 10 < arrivals.len() as u64 {
+        return None;
+    }
+    let last = after.iter().copied().max().unwrap_or(from_ns);
+    let secs = (last - from_ns) as f64 / 1e9;
+    Some((after.len() as u64, after.len() as f64 / secs))
+}
+
 /// A per-second series as CSV: `second,<name>,<name>…`.
 pub fn series_csv(names: &[&str], columns: &[Vec<u64>]) -> String {
     let mut out = format!("second,{}\n", names.join(","));
@@ -246,6 +261,21 @@ mod tests {
         // The one before t0 is dropped; the one past the end joins the last second.
         assert_eq!(per_second(&times, t0, 4), vec![2, 1, 0, 2]);
         assert_eq!(per_second(&[], t0, 0), vec![0]);
+    }
+
+    #[test]
+    fn the_rate_after_ingest_counts_only_later_arrivals() {
+        let t0 = 7 * S;
+        // Two arrivals during ingest, four in the second after it.
+        let arrivals = [t0 - S, t0, t0 + S / 4, t0 + S / 2, t0 + 3 * S / 4, t0 + S];
+        let (n, per_s) = rate_after(&arrivals, t0).unwrap();
+        assert_eq!(n, 4);
+        assert!((per_s - 4.0).abs() < 1e-9, "{per_s}");
+        // A tail under a tenth of the deliveries gives no figure.
+        let mut steady: Vec<u64> = (0..100).map(|i| t0 - S + i).collect();
+        steady.push(t0 + 5);
+        assert_eq!(rate_after(&steady, t0), None);
+        assert_eq!(rate_after(&[], t0), None);
     }
 
     #[test]

@@ -26,7 +26,9 @@ use crate::hookd::{Hookd, Usage, own_cpu_seconds};
 use crate::plot;
 use crate::poster::{Pace, Posted, Poster, Sink, rate};
 use crate::receiver::{Behaviour, Delivery, Fleet, Seen, now_ns};
-use crate::report::{Latencies, Report, latency_by_second_csv, per_second, round, series_csv};
+use crate::report::{
+    Latencies, Report, latency_by_second_csv, per_second, rate_after, round, series_csv,
+};
 
 /// What one run does.
 #[derive(Debug)]
@@ -363,6 +365,20 @@ impl Outcome {
         }
         if self.payload_bytes > 0 {
             r = r.with("payload_bytes", self.payload_bytes as u64);
+        }
+        // A full-speed run has two phases: ingest, which shares the machine
+        // with delivering, and the drain after the last acceptance.
+        let arrivals: Vec<u64> = self
+            .seen
+            .iter()
+            .flat_map(|s| s.deliveries.iter().map(|d| d.arrival_ns))
+            .collect();
+        if let Some((n, per_s)) = rate_after(&arrivals, self.posted.last_ns) {
+            let ingest_s = self.posted.last_ns.saturating_sub(self.posted.first_ns) as f64 / 1e9;
+            r = r
+                .with("ingest_s", round(ingest_s))
+                .with("deliveries_after_ingest", n)
+                .with("after_ingest_deliveries_per_s", round(per_s));
         }
         r
     }
