@@ -193,14 +193,19 @@ pub fn per_second(times_ns: &[u64], t0_ns: u64, seconds: usize) -> Vec<u64> {
 /// fast hookd drains once ingest no longer shares the machine. `None`
 /// when fewer than a tenth of `arrivals` came after `from_ns` (a
 /// fixed-rate load's short tail), where a rate would mean nothing.
-pub fn rate_after(arrivals: &[u64], from_ns: u64) -> Option<(u64, f64)> {
-    let after: Vec<u64> = arrivals.iter().copied().filter(|&t| t > from_ns).collect();
-    if after.is_empty() || (after.len() as u64) * 10 < arrivals.len() as u64 {
+pub fn rate_after(arrivals: impl IntoIterator<Item = u64>, from_ns: u64) -> Option<(u64, f64)> {
+    let (mut all, mut after, mut last) = (0u64, 0u64, from_ns);
+    for t in arrivals {
+        all += 1;
+        if t > from_ns {
+            after += 1;
+            last = last.max(t);
+        }
+    }
+    if after == 0 || after * 10 < all {
         return None;
     }
-    let last = after.iter().copied().max().unwrap_or(from_ns);
-    let secs = (last - from_ns) as f64 / 1e9;
-    Some((after.len() as u64, after.len() as f64 / secs))
+    Some((after, crate::poster::rate(after, from_ns, last)))
 }
 
 /// A per-second series as CSV: `second,<name>,<name>…`.
@@ -268,14 +273,14 @@ mod tests {
         let t0 = 7 * S;
         // Two arrivals during ingest, four in the second after it.
         let arrivals = [t0 - S, t0, t0 + S / 4, t0 + S / 2, t0 + 3 * S / 4, t0 + S];
-        let (n, per_s) = rate_after(&arrivals, t0).unwrap();
+        let (n, per_s) = rate_after(arrivals, t0).unwrap();
         assert_eq!(n, 4);
         assert!((per_s - 4.0).abs() < 1e-9, "{per_s}");
         // A tail under a tenth of the deliveries gives no figure.
         let mut steady: Vec<u64> = (0..100).map(|i| t0 - S + i).collect();
         steady.push(t0 + 5);
-        assert_eq!(rate_after(&steady, t0), None);
-        assert_eq!(rate_after(&[], t0), None);
+        assert_eq!(rate_after(steady, t0), None);
+        assert_eq!(rate_after([], t0), None);
     }
 
     #[test]

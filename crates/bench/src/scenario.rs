@@ -368,12 +368,11 @@ impl Outcome {
         }
         // A full-speed run has two phases: ingest, which shares the machine
         // with delivering, and the drain after the last acceptance.
-        let arrivals: Vec<u64> = self
+        let arrivals = self
             .seen
             .iter()
-            .flat_map(|s| s.deliveries.iter().map(|d| d.arrival_ns))
-            .collect();
-        if let Some((n, per_s)) = rate_after(&arrivals, self.posted.last_ns) {
+            .flat_map(|s| s.deliveries.iter().map(|d| d.arrival_ns));
+        if let Some((n, per_s)) = rate_after(arrivals, self.posted.last_ns) {
             let ingest_s = self.posted.last_ns.saturating_sub(self.posted.first_ns) as f64 / 1e9;
             r = r
                 .with("ingest_s", round(ingest_s))
