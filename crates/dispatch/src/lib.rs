@@ -112,12 +112,16 @@ pub struct DispatchConfig {
     pub max_response_bytes: usize,
     /// How often running bulk replay jobs are moved on.
     pub replay_every: Duration,
-    /// Record batches committing at once (4): PostgreSQL commits them side
+    /// Record batches committing at once (2): PostgreSQL commits them side
     /// by side on separate connections, so while one waits on its flush the
     /// next is already running (the `fanout` benchmark: 4,700 → 8,000
-    /// deliveries/s). A store with one writer serialises them anyway, and
-    /// is better served by 1 (the binary sets it for SQLite). Four leaves
-    /// most of a 16-connection pool to claims and ingest.
+    /// deliveries/s with four, when an attempt held its global slot until
+    /// its record was in). Now that answered attempts wait on record slots
+    /// of their own, two make fewer, larger batches than four, and the
+    /// server spends about 5 % less CPU on the same deliveries (session 32
+    /// in docs/benchmarks.md); one lets records pile up (RSS +40 %). A
+    /// store with one writer serialises them anyway, and is better served
+    /// by 1 (the binary sets it for SQLite).
     pub record_flushes: usize,
     /// Where attempts may go (the connect-time SSRF check), how host names
     /// are resolved, and the outbound proxy.
@@ -144,7 +148,7 @@ impl DispatchConfig {
             retry: RetrySchedule::default(),
             max_response_bytes: 64 * 1024,
             replay_every: Duration::from_millis(250),
-            record_flushes: 4,
+            record_flushes: 2,
             egress: egress::Egress::default(),
         }
     }

@@ -250,7 +250,7 @@ fn check_url(url: &str) -> anyhow::Result<()> {
     }
 }
 
-fn is_postgres(url: &str) -> bool {
+pub(crate) fn is_postgres(url: &str) -> bool {
     url.starts_with("postgres://") || url.starts_with("postgresql://")
 }
 
