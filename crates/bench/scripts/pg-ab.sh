@@ -1,9 +1,11 @@
 #!/bin/bash
 # Alternates two hookd builds through one PostgreSQL scenario, a pair at a
-# time, and prints per run the deliveries/s, lost, duplicates, hookd's and
-# the harness's CPU, hookd's peak RSS, and PostgreSQL's CPU over the run:
-# the postmaster's reaped children plus its live ones, from /proc (the
-# server's CPU is steadier than the rate on a shared machine).
+# time, and prints per run the deliveries/s (and the rate after ingest, or
+# the backlog's drain, where the scenario reports them), lost, duplicates,
+# hookd's and the harness's CPU, hookd's peak RSS, and PostgreSQL's CPU over
+# the run: the postmaster's reaped children plus its live ones, from /proc.
+# The server's CPU per harness CPU-s is steadier than the rate on a shared
+# machine: the harness does the same work in every run of a scenario.
 #
 #   pg-ab.sh SCENARIO PAIRS HOOKD_A HOOKD_B [hookd-bench flags]
 #
@@ -40,9 +42,14 @@ for _ in $(seq 1 "$pairs"); do
         echo "$line" | python3 -c '
 import json, sys
 j = json.loads(sys.stdin.read())
-print(sys.argv[1], j["deliveries_per_s"], "lost", j["lost"], "dup", j["duplicates"],
-      "hookd_cpu_s", j["hookd_cpu_s"], "harness_cpu_s", j.get("harness_cpu_s"),
-      "rss_mib", j["hookd_peak_rss_mib"], "pg_cpu_s", round(int(sys.argv[2]) / int(sys.argv[3]), 1))
+pg = int(sys.argv[2]) / int(sys.argv[3])
+harness = j.get("harness_cpu_s")
+extra = [(k, j[k]) for k in ("after_ingest_deliveries_per_s", "drain_per_s") if j.get(k) is not None]
+print(sys.argv[1], j["deliveries_per_s"], *[x for kv in extra for x in kv],
+      "lost", j["lost"], "dup", j["duplicates"],
+      "hookd_cpu_s", j["hookd_cpu_s"], "harness_cpu_s", harness,
+      "rss_mib", j["hookd_peak_rss_mib"], "pg_cpu_s", round(pg, 1),
+      "pg_per_harness", round(pg / harness, 2) if harness else None)
 ' "$(basename "$bin")" "$((after - before))" "$hz"
     done
 done
