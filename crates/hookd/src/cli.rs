@@ -389,7 +389,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 /// given. On PostgreSQL a larger cap means larger claims and record batches,
 /// so fewer statements and commits for the same deliveries: in `fanout`,
 /// 4,096 made 854 record transactions where 1,024 made 1,599, and cut the
-/// server's CPU by about a tenth (docs/benchmarks.md, session 32). SQLite's
+/// server's CPU per delivery by 10-16 % (docs/benchmarks.md, sessions 32
+/// and 33; 8,192 gained nothing more and cost RSS). SQLite's
 /// one writer gains nothing from more records waiting for it: the same
 /// change made its `fanout` a fifth slower and its RSS 85 MiB larger.
 /// Either way each destination stays under its own cap
