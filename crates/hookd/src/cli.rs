@@ -291,6 +291,7 @@ async fn create_token(args: TokenCreateArgs) -> anyhow::Result<()> {
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
     arm_failpoints()?;
+    let max_in_flight = args.max_in_flight();
     let worker_id = args.worker_id.unwrap_or_else(default_worker_id);
     let mut dispatch = hookd_dispatch::DispatchConfig::standard(worker_id);
     dispatch.lease = args.lease;
@@ -312,9 +313,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .max(args.breaker_backoff);
     dispatch.admission.ramp.period = args.recovery_ramp;
     dispatch.backlog_age = args.backlog_age;
-    dispatch.max_in_flight = args
-        .max_in_flight
-        .unwrap_or_else(|| default_max_in_flight(&args.db.database));
+    dispatch.max_in_flight = max_in_flight;
     dispatch.shutdown_grace = args.shutdown_grace;
     dispatch
         .validate()
@@ -400,6 +399,14 @@ fn default_max_in_flight(database: &str) -> usize {
         4096
     } else {
         1024
+    }
+}
+
+impl ServeArgs {
+    /// `--max-in-flight` if given, else the backend's default.
+    fn max_in_flight(&self) -> usize {
+        self.max_in_flight
+            .unwrap_or_else(|| default_max_in_flight(&self.db.database))
     }
 }
 
@@ -592,6 +599,16 @@ mod tests {
         );
         let args = serve_args(&["--max-in-flight", "7"]);
         assert_eq!(args.max_in_flight, Some(7));
+        // What `serve` uses: the backend's default unless the flag is given.
+        const PG: &str = "postgres://postgres@127.0.0.1/test";
+        let on = |flags: &[&str]| serve_args(flags).max_in_flight();
+        assert_eq!(on(&["--database", PG]), 4096);
+        assert_eq!(on(&["--database", "sqlite:hookd.db"]), 1024);
+        assert_eq!(on(&["--database", PG, "--max-in-flight", "7"]), 7);
+        assert_eq!(
+            on(&["--database", "sqlite:hookd.db", "--max-in-flight", "7"]),
+            7
+        );
     }
 
     #[test]
