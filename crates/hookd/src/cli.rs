@@ -291,6 +291,7 @@ async fn create_token(args: TokenCreateArgs) -> anyhow::Result<()> {
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
     arm_failpoints()?;
+    // Before `args` is partly moved out of below.
     let max_in_flight = args.max_in_flight();
     let worker_id = args.worker_id.unwrap_or_else(default_worker_id);
     let mut dispatch = hookd_dispatch::DispatchConfig::standard(worker_id);
@@ -583,11 +584,9 @@ mod tests {
 
     #[test]
     fn the_in_flight_cap_defaults_by_backend_and_the_flag_wins() {
+        const PG: &str = "postgres://postgres@127.0.0.1/test";
         assert_eq!(serve_args(&[]).max_in_flight, None);
-        assert_eq!(
-            default_max_in_flight("postgres://postgres@127.0.0.1/test"),
-            4096
-        );
+        assert_eq!(default_max_in_flight(PG), 4096);
         assert_eq!(
             default_max_in_flight("postgresql://db.internal/hookd"),
             4096
@@ -597,10 +596,8 @@ mod tests {
             default_max_in_flight("sqlite:///var/lib/hookd/hookd.db"),
             1024
         );
-        let args = serve_args(&["--max-in-flight", "7"]);
-        assert_eq!(args.max_in_flight, Some(7));
+        assert_eq!(serve_args(&["--max-in-flight", "7"]).max_in_flight, Some(7));
         // What `serve` uses: the backend's default unless the flag is given.
-        const PG: &str = "postgres://postgres@127.0.0.1/test";
         let on = |flags: &[&str]| serve_args(flags).max_in_flight();
         assert_eq!(on(&["--database", PG]), 4096);
         assert_eq!(on(&["--database", "sqlite:hookd.db"]), 1024);
